@@ -1,0 +1,31 @@
+"""Test setup for the kernels package.
+
+Triton decides at ``@triton.jit`` decoration time whether a kernel is compiled
+or interpreted, so TRITON_INTERPRET must be set before any kernel module is
+imported.  That makes ``pytest tests/kernels`` work on a CPU-only machine
+without exporting the variable by hand.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+_ROOT = Path(__file__).resolve().parents[2]
+_HERE = Path(__file__).resolve().parent
+# The project may not be pip-installed; make `import kernels` resolve to this
+# checkout, and the helpers next to this file importable by name.
+for _path in (str(_ROOT), str(_HERE)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# If something imported the kernel modules before this conftest ran (e.g. a
+# test collected earlier in the same session), their kernels were decorated
+# for compilation; re-import them, dependencies first, so they interpret.
+for _name in ("kernels.bitmask", "kernels.greedy", "kernels.sampling"):
+    if _name in sys.modules:
+        importlib.reload(sys.modules[_name])
