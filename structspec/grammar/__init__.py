@@ -1,0 +1,73 @@
+"""JSON Schema -> token matcher, behind one backend protocol (see base.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from typing import Literal
+
+from structspec.grammar.base import (CompiledGrammar, GrammarBackend, Matcher, SchemaError,
+                                     SchemaProblem)
+from structspec.grammar.normalize import close_objects
+from structspec.grammar.validation import check_meta_schema, validate_instance
+
+BackendName = Literal["llguidance", "outlines"]
+BACKENDS: tuple[str, ...] = ("llguidance", "outlines")
+
+__all__ = ["BackendName", "CompiledGrammar", "GrammarBackend", "GrammarCache", "Matcher",
+           "SchemaError", "SchemaProblem", "check_schema", "make_backend", "schema_hash", "validate_instance"]
+
+
+def schema_hash(schema: dict) -> str:
+    """Content hash of a schema, independent of key order and whitespace."""
+    canonical = json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def check_schema(schema: dict) -> None:
+    """Everything compile() checks, without a tokenizer or model (~1 ms): the API uses it
+    at registration. Raises SchemaError naming keyword and JSON path."""
+    from structspec.grammar.llguidance_backend import build_grammar
+
+    check_meta_schema(schema)
+    build_grammar(close_objects(schema))
+
+
+def make_backend(name: str, hf_tokenizer, vocab_size: int | None = None) -> GrammarBackend:
+    if name == "llguidance":
+        from structspec.grammar.llguidance_backend import LLGuidanceBackend
+        return LLGuidanceBackend(hf_tokenizer, vocab_size)
+    if name == "outlines":
+        from structspec.grammar.outlines_backend import OutlinesBackend
+        return OutlinesBackend(hf_tokenizer, vocab_size)
+    raise ValueError(f"unknown grammar backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+class GrammarCache:
+    """Compiled grammars keyed by schema hash, for one backend (so one tokenizer).
+
+    Validates the schema against its meta-schema, then compiles the normalised schema
+    (see normalize.close_objects), so every caller gets the same errors and grammar.
+    """
+
+    def __init__(self, backend: GrammarBackend, max_entries: int = 256):
+        self.backend = backend
+        self._max = max_entries
+        self._items: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, schema: dict) -> CompiledGrammar:
+        key = schema_hash(schema)
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        check_meta_schema(schema)
+        compiled = self.backend.compile(close_objects(schema))
+        with self._lock:
+            self._items[key] = compiled
+            while len(self._items) > self._max:
+                self._items.popitem(last=False)
+        return compiled

@@ -1,0 +1,84 @@
+"""Shared fixtures: the default tokenizer and model, and a small random-weight model.
+
+Exactness must hold for any model, so most engine tests use a 2-layer random Llama
+built on the default tokenizer (fast); tests marked `model` use the real default model.
+A test that cannot get the default model fails under CI (env CI set) and is skipped
+with the reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def unavailable(reason: str):
+    """Fail in CI, skip (saying why) elsewhere."""
+    if os.environ.get("CI"):
+        pytest.fail(f"required for CI but unavailable: {reason}")
+    pytest.skip(reason)
+
+
+def deepjsoneval_rows(n: int) -> list[dict]:
+    """The n shortest DeepJSONEval documents (tests/fixtures, Apache-2.0: see NOTICE.md)."""
+    path = FIXTURES / "deepjsoneval_sample.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows.sort(key=lambda r: (len(r["text"]), r["id"]))
+    if len(rows) < n:
+        unavailable(f"need {n} DeepJSONEval documents, found {len(rows)} in {path}")
+    return rows[:n]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    from structspec.engine.model import ModelLoadError, load_tokenizer
+
+    try:
+        return load_tokenizer()
+    except ModelLoadError as e:
+        unavailable(f"default tokenizer: {e}")
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tokenizer):
+    """A random-weight 2-layer Llama with the default tokenizer's vocabulary."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structspec.engine.model import from_model
+
+    torch.manual_seed(1234)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=8192, tie_word_embeddings=False,
+                      initializer_range=0.3,  # peaky logits: greedy choices are far from ties
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    model = LlamaForCausalLM(cfg).eval()
+    return from_model(model, tokenizer, name="tiny-random")
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_loaded):
+    from structspec.engine.engine import Engine
+
+    # The torch reference path explicitly: tests/kernels turns on the Triton interpreter
+    # for the whole session, and "auto" would then interpret every verification.
+    return Engine(tiny_loaded, kernel_backend="torch")
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    from structspec.config import Settings
+    from structspec.engine.engine import Engine
+    from structspec.engine.model import ModelLoadError, load_model
+
+    try:
+        loaded = load_model("default", device="cpu", cache_dir=Settings.from_env().cache_dir)
+    except ModelLoadError as e:
+        unavailable(f"default model: {e}")
+    return Engine(loaded, kernel_backend="torch")
