@@ -35,6 +35,12 @@ def deepjsoneval_rows(n: int) -> list[dict]:
     return rows[:n]
 
 
+def allowed_tokens(words: torch.Tensor, exclude=()) -> list[int]:
+    """Token ids whose bit is set in one packed int32 bitmask row, minus `exclude`."""
+    bits = (words.unsqueeze(1) >> torch.arange(32, dtype=torch.int32)) & 1
+    return [t for t in bits.flatten().nonzero().flatten().tolist() if t not in exclude]
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     from structspec.engine.model import ModelLoadError, load_tokenizer

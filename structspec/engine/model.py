@@ -148,8 +148,10 @@ def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = 
                cache_dir: Path | None = None) -> LoadedModel:
     """Load a causal LM and its tokenizer, ready for inference."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from structspec.config import Settings
+    hf_logging.disable_progress_bar()  # per-tensor bars are noise in CLI and worker logs
     cache_dir = cache_dir or Settings.from_env().cache_dir
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)

@@ -10,7 +10,7 @@ import pytest
 
 from structspec.engine.engine import STRATEGIES, ExtractOptions
 from structspec.grammar import validate_instance
-from tests.conftest import deepjsoneval_rows, unavailable
+from tests.conftest import allowed_tokens, deepjsoneval_rows, unavailable
 
 SPECULATIVE = [s for s in STRATEGIES if s != "none"]
 RECEIPT = {
@@ -68,14 +68,9 @@ class WrongProposer:
         want = self.oracle.expected[n] if n < len(self.oracle.expected) else -1
         mask = torch.zeros((1, (ctx.tokens.vocab_size + 31) // 32), dtype=torch.int32)
         ctx.matcher.fill_bitmask(mask, 0)
-        for word, bits in enumerate(mask[0].tolist()):
-            bits &= 0xFFFFFFFF
-            while bits:
-                low = bits & -bits
-                tok = word * 32 + low.bit_length() - 1
-                if tok != want and tok not in ctx.tokens.hf.all_special_ids:
-                    return [tok]
-                bits ^= low
+        for tok in allowed_tokens(mask[0], ctx.tokens.hf.all_special_ids):
+            if tok != want:
+                return [tok]
         return []
 
 

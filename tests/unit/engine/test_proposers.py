@@ -1,0 +1,94 @@
+"""Proposers draft the right things and never disturb the grammar state."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
+from structspec.engine.tokens import token_text
+from structspec.grammar import GrammarCache, make_backend
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "kind": {"enum": ["alpha", "beta"]}},
+          "required": ["name", "kind"]}
+
+
+@pytest.fixture(scope="module")
+def ctx_for(tokenizer):
+    tt = token_text(tokenizer, len(tokenizer))
+    cache = GrammarCache(make_backend("llguidance", tokenizer))
+
+    def build(prefix: str, document: str = "Contact: Elena Rodriguez, alpha team.", schema=SCHEMA):
+        matcher = cache.get(schema).matcher()
+        ids = tt.encode(prefix)
+        assert matcher.consume(ids), prefix
+        return DraftContext(matcher=matcher, output_text=prefix, document=DocumentIndex(document), tokens=tt)
+    return build
+
+
+def draft_text(ctx, strategy, k=16):
+    return ctx.tokens.text_of(make_proposer(strategy).propose(ctx, k))
+
+
+def test_schema_proposer_drafts_forced_structure(ctx_for):
+    assert draft_text(ctx_for(""), "schema") == '{"name":"'
+    assert draft_text(ctx_for('{"name":"Bob"'), "schema") == ',"kind":"'
+
+
+def test_schema_proposer_completes_enum_after_unique_prefix(ctx_for):
+    assert draft_text(ctx_for('{"name":"Bob","kind":"a'), "schema") == 'lpha"}'
+
+
+def test_ngram_proposer_copies_document_continuation(ctx_for):
+    text = draft_text(ctx_for('{"name":"Elena'), "ngram", k=3)
+    assert text.startswith(" Rodriguez")
+
+
+def test_composite_chains_copied_value_and_forced_structure(ctx_for):
+    schema = {"type": "object", "properties": {"year": {"type": "integer"}, "name": {"type": "string"}},
+              "required": ["year", "name"]}
+    ctx = ctx_for('{"year":202', "It was released in 2023, directed by Elena.", schema)
+    # "3," is copied from the document (the grammar cuts the copy at " directed"),
+    # then the next key is forced: both in one draft.
+    assert draft_text(ctx, "composite") == '3,"name":"'
+    assert draft_text(ctx, "ngram") == "3,"
+
+
+def test_proposers_leave_the_matcher_unchanged(ctx_for):
+    import torch
+
+    for strategy in ("schema", "ngram", "composite"):
+        ctx = ctx_for('{"name":"Elena')
+        before = torch.zeros((1, (ctx.tokens.vocab_size + 31) // 32), dtype=torch.int32)
+        after = before.clone()
+        ctx.matcher.fill_bitmask(before, 0)
+        make_proposer(strategy).propose(ctx, 8)
+        ctx.matcher.fill_bitmask(after, 0)
+        assert torch.equal(before, after), strategy
+
+
+def test_draft_never_exceeds_k(ctx_for):
+    for strategy in ("schema", "ngram", "composite"):
+        for k in (0, 1, 3):
+            assert len(make_proposer(strategy).propose(ctx_for(""), k)) <= k
+
+
+def test_document_index_matches_json_escaped_text():
+    doc = 'He said "hi"\nthen left \\ quietly. Café Ünïcode'
+    index = DocumentIndex(doc)
+    assert index.text == json.dumps(doc, ensure_ascii=False)[1:-1]
+    assert index.continuation('"said \\"h', 6) == 'i\\"\\nt'
+    assert index.continuation('x":"Caf', 8) == "é Ünïcod"
+
+
+def test_document_index_prefers_longest_match_and_searches_output():
+    index = DocumentIndex("the cat sat. the cow ran.")
+    assert index.continuation("xx the co", 4) == "w ra"
+    assert index.continuation('["zq1","zq1","z', 5) == 'q1","'  # only in the output itself
+    assert index.continuation("qqq", 5) == ""
+
+
+def test_unknown_strategy_is_rejected():
+    with pytest.raises(ValueError, match="unknown strategy 'fast'"):
+        make_proposer("fast")
