@@ -56,6 +56,14 @@ class DocumentIndex:
         return ""
 
 
+def consume_valid_prefix(matcher: Matcher, tokens: list[int]) -> list[int]:
+    """Advance `matcher` over the longest grammar-valid prefix of `tokens`; return that prefix."""
+    tokens = tokens[:matcher.validate(tokens)]
+    if tokens and not matcher.consume(tokens):
+        raise RuntimeError(f"grammar refused validated tokens: {matcher.error()}")
+    return tokens
+
+
 @dataclass
 class DraftContext:
     """State a proposer may read. The matcher must be left exactly as found."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from structspec.engine.proposers.base import DraftContext
+from structspec.engine.proposers.base import DraftContext, consume_valid_prefix
 
 CHARS_PER_TOKEN = 6  # generous: take enough text to tokenize k tokens from it
 
@@ -12,12 +12,7 @@ def lookup_step(ctx: DraftContext, tail: str, budget: int) -> list[int]:
     if budget <= 0:
         return []
     text = ctx.document.continuation(tail, budget * CHARS_PER_TOKEN)
-    tokens = ctx.tokens.encode(text)[:budget] if text else []
-    n = ctx.matcher.validate(tokens)
-    tokens = tokens[:n]
-    if tokens and not ctx.matcher.consume(tokens):
-        raise RuntimeError(f"grammar refused validated tokens: {ctx.matcher.error()}")
-    return tokens
+    return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(text)[:budget]) if text else []
 
 
 class NgramProposer:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from structspec.engine.proposers.base import DraftContext
+from structspec.engine.proposers.base import DraftContext, consume_valid_prefix
 
 
 def forced_step(ctx: DraftContext, budget: int) -> list[int]:
@@ -15,12 +15,7 @@ def forced_step(ctx: DraftContext, budget: int) -> list[int]:
     if not forced or budget <= 0:
         return []
     text = forced.decode("utf-8", errors="ignore")  # a partial UTF-8 tail is left to the model
-    tokens = ctx.tokens.encode(text)[:budget]
-    n = ctx.matcher.validate(tokens)
-    tokens = tokens[:n]
-    if tokens and not ctx.matcher.consume(tokens):
-        raise RuntimeError(f"grammar refused validated tokens: {ctx.matcher.error()}")
-    return tokens
+    return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(text)[:budget])
 
 
 class SchemaProposer:
