@@ -34,7 +34,7 @@ test-fast: install
 
 bench: install
 	$(VENV)/bin/structspec bench strategies --dataset ../shared/data/deepjsoneval_en.jsonl \
-		--limit 20 --max-chars 4000 --max-tokens 512 --out bench-out
+		--limit 20 --max-chars 4500 --max-tokens 384 --out bench-out
 
 bench-kernels: install
 	$(PY) -m kernels.bench

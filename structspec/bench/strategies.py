@@ -15,7 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from structspec.engine.engine import STRATEGIES, Engine, ExtractOptions
+from structspec.engine.engine import Engine, ExtractOptions
+from structspec.engine.proposers import STRATEGIES
 from structspec.engine.prompt import DocumentTooLong
 
 

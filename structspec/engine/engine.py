@@ -11,11 +11,10 @@ from structspec.config import Settings
 from structspec.engine.decode import DecodeOptions, DecodeStats, Decoder
 from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_prompt
-from structspec.engine.proposers import PROPOSERS, make_proposer
+from structspec.engine.proposers import STRATEGIES, make_proposer
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, make_backend, validate_instance
 
-STRATEGIES = tuple(PROPOSERS)
 
 
 @dataclass

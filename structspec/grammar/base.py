@@ -9,9 +9,10 @@ the bytes the grammar forces next (the schema proposer drafts from those).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class Matcher(Protocol):
     def rollback(self, num_tokens: int) -> None:
         """Undo the last `num_tokens` consumed tokens."""
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         """Write the allowed-next-token bits into `bitmask[row]` (int32, packed)."""
 
     def forced_bytes(self) -> bytes:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import llguidance
-import llguidance.hf
-import torch
 from llguidance import LLMatcher
+
+if TYPE_CHECKING:
+    import torch
 
 from structspec.grammar.base import SchemaError, SchemaProblem
 from structspec.grammar.validation import find_keyword
@@ -35,7 +36,7 @@ class LLGuidanceMatcher:
         if num_tokens and not self._m.rollback(num_tokens):
             raise RuntimeError(f"grammar rollback of {num_tokens} tokens failed: {self._m.get_error()}")
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+    def fill_bitmask(self, bitmask: "torch.Tensor", row: int) -> None:
         v = bitmask[row]
         self._m.unsafe_compute_mask_ptr(v.data_ptr(), v.numel() * v.element_size())
 
@@ -65,6 +66,8 @@ class LLGuidanceBackend:
     name = "llguidance"
 
     def __init__(self, hf_tokenizer, vocab_size: int | None = None):
+        import llguidance.hf  # imports transformers: kept off the API's schema-check path
+
         # ~0.5 s for a 49k vocab: build once per tokenizer.
         self.vocab_size = vocab_size or len(hf_tokenizer)
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size)

@@ -17,6 +17,7 @@ class NoProposer:
 
 PROPOSERS = {"none": NoProposer, "schema": SchemaProposer, "ngram": NgramProposer,
              "composite": CompositeProposer}
+STRATEGIES: tuple[str, ...] = tuple(PROPOSERS)
 
 
 def make_proposer(strategy: str) -> Proposer:
@@ -26,4 +27,4 @@ def make_proposer(strategy: str) -> Proposer:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(PROPOSERS)}") from None
 
 
-__all__ = ["DocumentIndex", "DraftContext", "Proposer", "PROPOSERS", "make_proposer"]
+__all__ = ["DocumentIndex", "DraftContext", "Proposer", "PROPOSERS", "STRATEGIES", "make_proposer"]
