@@ -46,14 +46,15 @@ class Settings:
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()
         # keeps resolved URLs, so pass database_url/broker_url="" when replacing data_dir.
         if not self.database_url:
-            object.__setattr__(self, "database_url", f"sqlite:///{self.data_dir / 'structspec.db'}")
+            object.__setattr__(self, "database_url", f"sqlite:///{Path(self.data_dir) / 'structspec.db'}")
         if not self.broker_url:
-            object.__setattr__(self, "broker_url", f"sqla+sqlite:///{self.data_dir / 'broker.db'}")
+            object.__setattr__(self, "broker_url", f"sqla+sqlite:///{Path(self.data_dir) / 'broker.db'}")
 
     def ensure_data_dir(self) -> Path:
         """Create data_dir (and parents) if missing; return it."""
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        return self.data_dir
+        path = Path(self.data_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
     def apply_torch_threads(self) -> None:
         if self.torch_threads > 0:

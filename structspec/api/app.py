@@ -1,0 +1,56 @@
+"""Litestar application factory. The API process holds no model: it stores schemas and
+(later) enqueues jobs for workers; nothing here imports torch at startup."""
+
+from __future__ import annotations
+
+import logging
+
+from litestar import Litestar
+from litestar.datastructures import State
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
+
+from structspec.api.errors import handle_exception
+from structspec.api.health import HealthController
+from structspec.api.schemas import SchemaController
+from structspec.api.services.health import HealthService
+from structspec.config import Settings
+from structspec.db.session import make_engine, make_session_factory
+
+log = logging.getLogger("structspec.api")
+
+API_VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    """The app for `settings` (default Settings.from_env()). The database must be migrated
+    (`structspec migrate`; `structspec serve` does it first)."""
+    settings = settings or Settings.from_env()
+    engine = make_engine(settings.database_url)
+    health = HealthService(engine, settings.broker_url)
+
+    def shutdown() -> None:
+        health.close()
+        engine.dispose()
+
+    return Litestar(
+        route_handlers=[SchemaController, HealthController],
+        state=State({"settings": settings, "engine": engine,
+                     "session_factory": make_session_factory(engine), "health": health}),
+        exception_handlers={Exception: handle_exception},
+        request_max_body_size=settings.max_body_bytes,
+        openapi_config=OpenAPIConfig(
+            title="structspec", version=API_VERSION, path="/schema",
+            description="Register JSON Schemas; get schema-valid JSON extracted from documents.",
+            render_plugins=[SwaggerRenderPlugin(), JsonRenderPlugin(), YamlRenderPlugin()]),
+        on_shutdown=[shutdown],
+        # Leave logging to the host process (the CLI's basicConfig, uvicorn, pytest): Litestar's
+        # default config would set the root logger to INFO and print every library's chatter.
+        logging_config=None,
+        debug=False,
+    )
+
+
+def create_app_from_env() -> Litestar:
+    """Zero-argument factory for `uvicorn --factory structspec.api.app:create_app_from_env`."""
+    return create_app(Settings.from_env())

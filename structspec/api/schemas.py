@@ -1,0 +1,68 @@
+"""/v1/schemas: register, read, list and soft-delete JSON Schemas."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, Response, delete, get, post
+from litestar.di import NamedDependency, Provide
+from litestar.datastructures import State
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import FromPath, JSONBody, PathParameter, QueryParameter
+
+from structspec.api.errors import ErrorBody
+from structspec.api.services.schemas import SchemaService
+from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered
+
+
+# Any string: a malformed id is an unknown id (404 naming it), not "no route".
+SchemaId = Annotated[str, PathParameter(description="schema version id (UUID)")]
+Schemas = NamedDependency[SchemaService]
+
+
+def provide_schema_service(state: State) -> SchemaService:
+    return SchemaService(state.session_factory, state.settings)
+
+
+def _errors(*codes: int) -> dict[int, ResponseSpec]:
+    return {c: ResponseSpec(data_container=ErrorBody, description="error (see docs/api.md)", generate_examples=False)
+            for c in codes}
+
+
+class SchemaController(Controller):
+    path = "/v1/schemas"
+    tags = ["schemas"]
+    dependencies = {"schemas": Provide(provide_schema_service, sync_to_thread=False)}
+
+    @post("/", sync_to_thread=True, summary="Register a JSON Schema",
+          description="201 with a new version; 200 with the existing record when a live version of "
+                      "this name already has the same content (key order and whitespace ignored).",
+          responses={200: ResponseSpec(data_container=SchemaRegistered, description="already registered",
+                                       generate_examples=False),
+                     **_errors(400, 413, 422)})
+    def register(self, data: JSONBody[SchemaCreate], schemas: Schemas) -> Response[SchemaRegistered]:
+        record, created = schemas.register(data)
+        return Response(record, status_code=201 if created else 200)
+
+    @get("/", sync_to_thread=True, summary="List live schemas (all versions), by name then newest version")
+    def list_schemas(self, schemas: Schemas,
+                     limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
+                     offset: Annotated[int, QueryParameter(ge=0)] = 0,
+                     name: Annotated[str | None, QueryParameter(description="only this name")] = None) -> SchemaPage:
+        return schemas.list(limit=limit, offset=offset, name=name)
+
+    @get("/{schema_id:str}", sync_to_thread=True, summary="One schema version, with its body",
+         responses=_errors(404))
+    def get_schema(self, schema_id: SchemaId, schemas: Schemas) -> SchemaDetail:
+        return schemas.get(schema_id)
+
+    @get("/by-name/{name:str}", sync_to_thread=True, summary="Latest live version of a name, or ?version=N",
+         responses=_errors(404))
+    def get_by_name(self, name: FromPath[str], schemas: Schemas,
+                    version: Annotated[int | None, QueryParameter(ge=1)] = None) -> SchemaDetail:
+        return schemas.get_by_name(name, version)
+
+    @delete("/{schema_id:str}", sync_to_thread=True, status_code=204, summary="Soft-delete one version",
+            responses=_errors(404))
+    def delete_schema(self, schema_id: SchemaId, schemas: Schemas) -> None:
+        schemas.delete(schema_id)

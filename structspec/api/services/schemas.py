@@ -1,0 +1,145 @@
+"""Schema registry: validate, deduplicate by content, version per name, soft delete."""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from typing import Any
+
+import msgspec
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from structspec.api.errors import ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError
+from structspec.api.structs import (SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered,
+                                    SchemaSummary)
+from structspec.config import Settings
+from structspec.db.models import SchemaRecord
+from structspec.db.repositories import SchemaRepository
+
+log = logging.getLogger(__name__)
+
+# msgspec's `pattern` uses re.search, where `$` also matches before a final newline.
+_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
+# lock_name serializes registrations per name; retries cover a database without such a lock.
+_VERSION_RETRIES = 3
+
+
+class SchemaService:
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings):
+        self.session_factory = session_factory
+        self.settings = settings
+
+    def register(self, data: SchemaCreate) -> tuple[SchemaRegistered, bool]:
+        """Store `data.schema` as the next version of `data.name`; if a live version of that
+        name already has the same content, return it instead. Returns (record, created)."""
+        check_name(data.name)
+        self._check_size(data.schema)
+        check_usable(data.schema)
+        from structspec.grammar import schema_hash
+
+        digest = schema_hash(data.schema)
+        for attempt in range(_VERSION_RETRIES):
+            try:
+                with self.session_factory.begin() as session:
+                    repo = SchemaRepository(session)
+                    repo.lock_name(data.name)
+                    existing = repo.find_by_hash(data.name, digest)
+                    if existing is not None:
+                        return to_registered(existing), False
+                    record = repo.add(name=data.name, version=repo.max_version(data.name) + 1,
+                                      body=data.schema, hash_=digest, description=data.description)
+                    return to_registered(record), True
+            except IntegrityError:
+                if attempt == _VERSION_RETRIES - 1:
+                    raise
+                log.info("version race on schema %r, retrying", data.name)
+        raise AssertionError("unreachable")
+
+    def get(self, schema_id: str) -> SchemaDetail:
+        with self.session_factory() as session:
+            record = SchemaRepository(session).get(parse_id(schema_id))
+            if record is None:
+                raise NotFoundError(f"no schema with id {schema_id}")
+            return to_detail(record)
+
+    def get_by_name(self, name: str, version: int | None = None) -> SchemaDetail:
+        with self.session_factory() as session:
+            record = SchemaRepository(session).get_by_name(name, version)
+            if record is None:
+                which = f"version {version} of " if version is not None else ""
+                raise NotFoundError(f"no schema {which}named {name!r}")
+            return to_detail(record)
+
+    def list(self, *, limit: int, offset: int, name: str | None = None) -> SchemaPage:
+        with self.session_factory() as session:
+            records, total = SchemaRepository(session).list(limit=limit, offset=offset, name=name)
+            return SchemaPage(items=[to_summary(r) for r in records], total=total, limit=limit, offset=offset)
+
+    def delete(self, schema_id: str) -> None:
+        with self.session_factory.begin() as session:
+            repo = SchemaRepository(session)
+            record = repo.get(parse_id(schema_id))
+            if record is None:
+                raise NotFoundError(f"no schema with id {schema_id}")
+            repo.soft_delete(record)
+
+    def _check_size(self, schema: dict[str, Any]) -> None:
+        size = len(msgspec.json.encode(schema))
+        limit = self.settings.max_schema_bytes
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"schema is {size} bytes as compact JSON; the limit is {limit} bytes (max_schema_bytes)",
+                [ErrorItem(path="/schema", message=f"{size} bytes > {limit} bytes", source="body")])
+
+
+def parse_id(schema_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(schema_id)
+    except ValueError:
+        raise NotFoundError(f"no schema with id {schema_id!r} (ids are UUIDs)") from None
+
+
+def check_name(name: str) -> None:
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise UnprocessableError(
+            f"invalid schema name {name!r}",
+            [ErrorItem(path="/name", message="1-200 characters from A-Z a-z 0-9 . _ -, not '.' or '..'",
+                       source="body")])
+
+
+def check_usable(schema: dict[str, Any]) -> None:
+    """422 unless the schema is valid JSON Schema that the grammar engine can enforce."""
+    # Imported here: structspec.grammar pulls in torch (~2 s) and the API must start fast.
+    from structspec.grammar import SchemaError, check_schema
+
+    try:
+        check_schema(schema)
+    except SchemaError as e:
+        raise UnprocessableError("schema is not usable", [
+            ErrorItem(path=p.path, keyword=p.keyword, message=p.message, source="schema") for p in e.problems
+        ]) from None
+    except RecursionError:
+        raise UnprocessableError("schema is not usable", [
+            ErrorItem(message="schema is nested too deeply", source="schema")]) from None
+    except Exception as e:  # a grammar-engine failure on this input is still the input's problem
+        log.exception("check_schema failed unexpectedly")
+        raise UnprocessableError("schema is not usable", [
+            ErrorItem(message=f"the grammar engine could not compile it ({type(e).__name__})",
+                      source="schema")]) from None
+
+
+def to_summary(r: SchemaRecord) -> SchemaSummary:
+    return SchemaSummary(id=r.id, name=r.name, version=r.version, hash=r.hash, description=r.description,
+                         created_at=r.created_at, updated_at=r.updated_at)
+
+
+def to_registered(r: SchemaRecord) -> SchemaRegistered:
+    return SchemaRegistered(id=r.id, name=r.name, version=r.version, hash=r.hash, description=r.description,
+                            created_at=r.created_at, updated_at=r.updated_at)
+
+
+def to_detail(r: SchemaRecord) -> SchemaDetail:
+    return SchemaDetail(id=r.id, name=r.name, version=r.version, hash=r.hash, description=r.description,
+                        created_at=r.created_at, updated_at=r.updated_at, schema=r.body)

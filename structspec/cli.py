@@ -1,0 +1,223 @@
+"""`structspec` command line: extract, bench, and the service commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from structspec.config import Settings
+
+
+class CliError(Exception):
+    """A problem with the user's input: printed as `structspec: error: ...`, exit 2."""
+
+
+def read_json_file(path: str, what: str):
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise CliError(f"cannot read {what} {path}: {e.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CliError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+
+
+def read_document(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise CliError(f"cannot read document {path}: {e.strerror}") from None
+    except UnicodeDecodeError:
+        raise CliError(f"document {path} is not UTF-8 text") from None
+
+
+def settings_from(args) -> Settings:
+    return Settings.from_env(model=getattr(args, "model", None), device=getattr(args, "device", None),
+                             grammar_backend=getattr(args, "grammar_backend", None),
+                             kernel_backend=getattr(args, "kernel_backend", None),
+                             torch_threads=getattr(args, "threads", None))
+
+
+def build_engine(settings: Settings):
+    from structspec.engine.engine import Engine
+
+    settings.apply_torch_threads()
+    print(f"structspec: loading model {settings.model!r} ...", file=sys.stderr, flush=True)
+    return Engine.from_settings(settings)
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="'default' (SmolLM2-135M-Instruct), a local model dir, a .gguf file "
+                                   "or a Hugging Face id available offline [env STRUCTSPEC_MODEL]")
+    p.add_argument("--device", help="auto | cpu | cuda | cuda:N [env STRUCTSPEC_DEVICE]")
+    p.add_argument("--grammar-backend", choices=["llguidance", "outlines"])
+    p.add_argument("--kernel-backend", choices=["auto", "triton", "torch"])
+    p.add_argument("--threads", type=int, help="torch CPU threads (0 = torch's default)")
+
+
+def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
+    from structspec.engine.proposers import STRATEGIES  # light: no torch at CLI start-up
+
+    p.add_argument("--strategy", choices=STRATEGIES, default=defaults.strategy)
+    p.add_argument("--draft-len", type=int, default=defaults.draft_len, metavar="K")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T")
+    p.add_argument("--seed", type=int, metavar="S")
+    p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N")
+
+
+def cmd_extract(args) -> int:
+    from structspec.engine.engine import ExtractOptions
+    from structspec.engine.prompt import DocumentTooLong
+    from structspec.grammar import SchemaError, check_schema
+
+    schema = read_json_file(args.schema, "schema")
+    try:
+        check_schema(schema)  # fail before the model loads
+    except SchemaError as e:
+        raise CliError(f"schema {args.schema} cannot be used: {e}") from None
+    documents = [(p, read_document(p)) for p in args.documents]
+    opts = ExtractOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
+                          seed=args.seed, max_tokens=args.max_tokens)
+    try:
+        opts.check()
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    engine = build_engine(settings_from(args))
+    failed = 0
+    for path, text in documents:
+        try:
+            res = engine.extract(schema, text, opts)
+        except DocumentTooLong as e:
+            print(f"structspec: {path}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        if res.status == "succeeded":
+            print(json.dumps(res.value, ensure_ascii=False), flush=True)
+        else:
+            failed += 1
+            print(f"structspec: {path}: {res.status}: {res.error}", file=sys.stderr)
+        if args.stats:
+            st = {k: v for k, v in res.stats.as_dict().items() if not k.endswith("_by_position")}
+            print(json.dumps({"document": path, "status": res.status, **st}), file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+def cmd_bench_strategies(args) -> int:
+    from structspec.bench.strategies import run_strategy_bench
+
+    return run_strategy_bench(args, build_engine(settings_from(args)))
+
+
+def cmd_bench_kernels(args) -> int:
+    from kernels.bench import main as kernels_bench
+
+    return kernels_bench(args.rest) or 0
+
+
+def cmd_migrate(args) -> int:
+    from sqlalchemy.engine import make_url
+
+    from structspec.db import migrate
+    from structspec.db.session import normalize_database_url
+
+    url = Settings.from_env().database_url
+    shown = make_url(normalize_database_url(url)).render_as_string(hide_password=True)
+    if args.action == "upgrade":
+        migrate.upgrade(url, args.revision or "head")
+    elif args.action == "downgrade":
+        migrate.downgrade(url, args.revision or "-1")
+    print(f"structspec: {shown} is at revision {migrate.current_revision(url) or 'base'} "
+          f"(head {migrate.head_revision()})", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    import uvicorn
+
+    from structspec.db import migrate
+
+    settings = Settings.from_env(host=args.host, port=args.port)
+    if not args.no_migrate:
+        migrate.upgrade(settings.database_url)  # a fresh clone serves without a manual migrate
+    if args.reload:  # dev only: the reloaded process rebuilds Settings from the environment
+        uvicorn.run("structspec.api.app:create_app_from_env", factory=True, reload=True,
+                    host=settings.host, port=settings.port)
+        return 0
+    from structspec.api.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Settings.from_env()
+    parser = argparse.ArgumentParser(prog="structspec", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("extract", help="extract JSON from documents with a schema",
+                       description="Print one JSON value per document on stdout (results that are not "
+                                   "a complete, schema-valid value go to stderr and make the exit status 1). "
+                                   "With --stats, a JSON line of decoding statistics per document goes to stderr.")
+    p.add_argument("--schema", required=True, help="JSON Schema file")
+    p.add_argument("documents", nargs="+", metavar="DOC", help="text files ('-' for stdin)")
+    p.add_argument("--stats", action="store_true", help="print decoding statistics per document to stderr")
+    add_decode_args(p, defaults)
+    add_model_args(p)
+    p.set_defaults(func=cmd_extract)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    p = bench.add_parser("strategies", help="compare drafting strategies on a JSONL dataset")
+    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--strategies", default="none,schema,ngram,composite")
+    p.add_argument("--draft-len", type=int, default=defaults.draft_len, metavar="K")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
+    p.add_argument("--out", help="write per-document records (JSON) here")
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench_strategies)
+    p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_bench_kernels)
+
+    p = sub.add_parser("serve", help="run the HTTP API (migrates the database to head first)",
+                       description="Serve the REST API with uvicorn. Applies pending migrations first "
+                                   "(`structspec migrate upgrade head`), so a fresh checkout works with the "
+                                   "SQLite + embedded-broker defaults in STRUCTSPEC_DATA_DIR.")
+    p.add_argument("--host", default=defaults.host, help="[env STRUCTSPEC_HOST]")
+    p.add_argument("--port", type=int, default=defaults.port, help="[env STRUCTSPEC_PORT]")
+    p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
+    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations first")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("migrate", help="apply or revert database migrations (Alembic)",
+                       description="Migrate the database at STRUCTSPEC_DATABASE_URL (default: SQLite in "
+                                   "STRUCTSPEC_DATA_DIR). Default: upgrade head; downgrade defaults to -1.")
+    p.add_argument("action", nargs="?", choices=["upgrade", "downgrade", "current"], default="upgrade")
+    p.add_argument("revision", nargs="?", metavar="REV", help="target revision: head, base, 0001, -1, +1 ...")
+    p.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except CliError as e:
+        parser.exit(2, f"structspec: error: {e}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

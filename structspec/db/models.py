@@ -1,0 +1,55 @@
+"""ORM models. One table per resource; every change to them needs an Alembic revision."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from structspec.db.columns import UTCDateTime, utcnow
+
+# Deterministic constraint names, so later revisions (and SQLite batch mode) can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = sa.MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class TimestampMixin:
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+
+
+class SchemaRecord(TimestampMixin, Base):
+    """One version of a registered JSON Schema. Versions count 1, 2, ... per name and are
+    never reused, soft-deleted ones included."""
+
+    __tablename__ = "schemas"
+    __table_args__ = (
+        sa.UniqueConstraint("name", "version"),
+        sa.Index("ix_schemas_name_hash", "name", "hash"),
+    )
+
+    # sa.Uuid: native uuid on PostgreSQL, CHAR(32) on SQLite.
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    version: Mapped[int] = mapped_column(sa.Integer)
+    # sa.JSON is `json` (not jsonb) on PostgreSQL: key order survives, and property order
+    # decides the order the model generates fields in.
+    body: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    hash: Mapped[str] = mapped_column(sa.String(64))  # sha256 of canonical JSON (schema_hash)
+    description: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    deleted_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, default=None)
+
+    def __repr__(self) -> str:
+        return f"SchemaRecord(id={self.id}, name={self.name!r}, version={self.version})"
