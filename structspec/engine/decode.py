@@ -12,6 +12,7 @@ lean code path as the speculative strategies and speedups are measured honestly.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -119,7 +120,8 @@ class Decoder:
         generator = None
         if opts.temperature > 0:
             generator = torch.Generator(device=self.device)
-            generator.manual_seed(opts.seed if opts.seed is not None else torch.seed())
+            # No seed: draw one from the OS (torch.seed() would reseed the global RNG).
+            generator.manual_seed(opts.seed if opts.seed is not None else secrets.randbits(63))
         bitmask = torch.zeros((opts.draft_len + 1, (self.vocab_size + 31) // 32), dtype=torch.int32)
         out: list[int] = []
         out_bytes = bytearray()
