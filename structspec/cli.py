@@ -155,6 +155,29 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_worker(args) -> int:
+    """Run a Celery worker on STRUCTSPEC_BROKER_URL. One process per model: concurrency 1 uses
+    the solo pool (the task runs in the worker process itself, so SIGKILL takes the job with
+    it and the lease/redelivery machinery brings it back); N > 1 uses N prefork children, each
+    loading the model once."""
+    from worker.app import app
+
+    settings = app.structspec_settings
+    pool = "solo" if args.concurrency == 1 else "prefork"
+    argv = ["worker", f"--pool={pool}", f"--concurrency={args.concurrency}", f"--queues={settings.job_queue}",
+            f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    if args.hostname:
+        argv.append(f"--hostname={args.hostname}")
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from structspec.demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     defaults = Settings.from_env()
     parser = argparse.ArgumentParser(prog="structspec", description=__doc__)
@@ -203,6 +226,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=["upgrade", "downgrade", "current"], default="upgrade")
     p.add_argument("revision", nargs="?", metavar="REV", help="target revision: head, base, 0001, -1, +1 ...")
     p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("worker", help="run an extraction worker (Celery) on STRUCTSPEC_BROKER_URL",
+                       description="Consume extraction jobs from the broker, load the model once per process, "
+                                   "store results in STRUCTSPEC_DATABASE_URL. Also re-queues jobs whose worker "
+                                   "died (lease expired), at start and every job_lease_s/2 seconds.")
+    p.add_argument("--concurrency", "-c", type=int, default=1,
+                   help="worker processes, one model each (1 = solo pool, in this process)")
+    p.add_argument("--loglevel", default="INFO")
+    p.add_argument("--hostname", help="Celery node name (default celery@HOST)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a receipt batch",
+                       description="Start the API server and one worker as subprocesses (SQLite + embedded "
+                                   "broker in a temporary directory unless --data-dir), register "
+                                   "schemas/receipt.json, submit examples/receipt-*.txt as a batch, print "
+                                   "the NDJSON results, and shut everything down.")
+    p.add_argument("--data-dir", help="keep the database and broker here (default: a temporary directory)")
+    p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
+    p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
+    p.set_defaults(func=cmd_demo)
     return parser
 
 

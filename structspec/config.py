@@ -41,6 +41,13 @@ class Settings:
     max_schema_bytes: int = 256 * 1024  # one JSON Schema, serialized compactly
     max_document_bytes: int = 1024 * 1024  # one document's text, UTF-8
     max_batch_size: int = 10_000  # documents per batch
+    # Jobs (API + worker). A claimed job holds a lease the worker renews while it runs; a job
+    # still `running` after its lease ran out (worker killed) is re-queued by the reaper. Also
+    # the Redis visibility timeout: an unacked message comes back after this many seconds.
+    job_lease_s: int = 300
+    job_chunk_size: int = 8  # job ids per Celery message; amortises per-task overhead in batches
+    job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
+    submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
 
     def __post_init__(self) -> None:
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()

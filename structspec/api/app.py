@@ -10,7 +10,9 @@ from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
+from structspec.api.batches import BatchController
 from structspec.api.errors import handle_exception
+from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
 from structspec.api.schemas import SchemaController
 from structspec.api.services.health import HealthService
@@ -28,15 +30,20 @@ def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.from_env()
     engine = make_engine(settings.database_url)
     health = HealthService(engine, settings.broker_url)
+    from worker.app import make_celery  # celery only, no torch: publishes job ids
+
+    publisher = make_celery(settings)
 
     def shutdown() -> None:
         health.close()
+        publisher.pool.force_close_all()
         engine.dispose()
 
     return Litestar(
-        route_handlers=[SchemaController, HealthController],
+        route_handlers=[SchemaController, ExtractionController, BatchController, HealthController],
         state=State({"settings": settings, "engine": engine,
-                     "session_factory": make_session_factory(engine), "health": health}),
+                     "session_factory": make_session_factory(engine), "health": health,
+                     "publisher": publisher}),
         exception_handlers={Exception: handle_exception},
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(

@@ -67,3 +67,98 @@ class HealthFailure(msgspec.Struct, kw_only=True):
     status: str
     database: str
     broker: str
+
+
+# --- extraction jobs and batches --------------------------------------------------------------
+
+class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Decoding options; unset ones take the server's defaults (STRUCTSPEC_STRATEGY, ...)."""
+
+    strategy: Annotated[str, msgspec.Meta(description="none | schema | ngram | composite")] | None = None
+    draft_len: int | None = None
+    temperature: float | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+
+
+class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One document and either a registered schema's id or an inline JSON Schema."""
+
+    schema_id: str | None = None
+    schema: dict[str, Any] | None = None
+    document: str
+    options: JobOptions | None = None
+
+
+class JobAccepted(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    status: str
+
+
+class JobStats(msgspec.Struct, kw_only=True):
+    strategy: str | None = None
+    draft_len: int | None = None
+    output_tokens: int | None = None
+    target_passes: int | None = None
+    proposed: int | None = None
+    accepted: int | None = None
+    acceptance_rate: float | None = None
+    tokens_per_pass: float | None = None
+
+
+class JobTimings(msgspec.Struct, kw_only=True):
+    queued_s: float | None = None
+    prefill_s: float | None = None
+    decode_s: float | None = None
+
+
+class JobRead(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    status: Annotated[str, msgspec.Meta(description="queued | running | succeeded | failed | cancelled")]
+    schema_id: uuid.UUID
+    batch_id: uuid.UUID | None
+    result: Any
+    error: str | None
+    stats: JobStats | None
+    timings: JobTimings
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """`documents`: objects `{"id"?: str | int, "document": str}`; a bad entry is reported in
+    `rejected` and does not sink the others."""
+
+    schema_id: str
+    documents: list[Any]
+    options: JobOptions | None = None
+
+
+class Rejected(msgspec.Struct, kw_only=True):
+    line: Annotated[int, msgspec.Meta(description="1-based NDJSON line, or 1-based index in `documents`")]
+    message: str
+
+
+class BatchAccepted(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    total: int
+    rejected: list[Rejected]
+
+
+class BatchCounts(msgspec.Struct, kw_only=True):
+    queued: int = 0
+    running: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    cancelled: int = 0
+
+
+class BatchRead(msgspec.Struct, kw_only=True):
+    id: uuid.UUID
+    schema_id: uuid.UUID
+    total: int
+    counts: BatchCounts
+    status: Annotated[str, msgspec.Meta(
+        description="queued | running | succeeded | failed | cancelled | partial (see docs/api.md)")]
+    created_at: datetime
+    finished_at: datetime | None

@@ -53,3 +53,56 @@ class SchemaRecord(TimestampMixin, Base):
 
     def __repr__(self) -> str:
         return f"SchemaRecord(id={self.id}, name={self.name!r}, version={self.version})"
+
+
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class BatchRecord(Base):
+    """A bulk submission: `total` jobs sharing a schema and options. Its counts and status are
+    derived from its jobs when read."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id"))
+    total: Mapped[int] = mapped_column(sa.Integer)
+    options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, default=None)
+
+
+class JobRecord(Base):
+    """One extraction. Life cycle: queued -> running -> succeeded | failed, or -> cancelled
+    from queued/running. `lease_owner`/`lease_until` fence the worker that claimed it: a result
+    is stored only by the current lease owner of a still-running job (see db/jobs.py)."""
+
+    __tablename__ = "jobs"
+    __table_args__ = (
+        sa.Index("ix_jobs_batch_id_position", "batch_id", "position"),
+        sa.Index("ix_jobs_status_lease_until", "status", "lease_until"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id"))
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        sa.Uuid, sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=True)
+    position: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)  # 0-based, in its batch
+    doc_id: Mapped[str | None] = mapped_column(sa.String(200), nullable=True)  # the user's document id
+    document: Mapped[str] = mapped_column(sa.Text)
+    options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    result: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
+    error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
+    stats: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
+    queued_s: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    prefill_s: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    decode_s: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
+    attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
+    completions: Mapped[int] = mapped_column(sa.Integer, default=0)  # results stored; 1 when finished once
+    lease_owner: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -1,0 +1,86 @@
+"""/v1/batches: bulk submission (JSON or NDJSON), progress, ordered NDJSON results, cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.di import NamedDependency, Provide
+from litestar.params import PathParameter, QueryParameter
+from litestar.response import Stream
+
+from structspec.api.errors import BadRequestError, ErrorItem
+from structspec.api.extractions import provide_job_service
+from structspec.api.schemas import _errors
+from structspec.api.services.jobs import JobService
+from structspec.api.structs import BatchAccepted, BatchCreate, BatchRead, JobOptions
+
+BatchId = Annotated[str, PathParameter(description="batch id (UUID)")]
+Jobs = NamedDependency[JobService]
+NDJSON = "application/x-ndjson"
+
+
+class BatchController(Controller):
+    path = "/v1/batches"
+    tags = ["batches"]
+    dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
+
+    @post("/", status_code=202, summary="Submit a batch of documents",
+          description="JSON {schema_id, documents: [{id?, document}], options?}, or an NDJSON body "
+                      "(Content-Type application/x-ndjson, one {id?, document} per line) with schema_id "
+                      "and options as query parameters. Bad entries are listed in `rejected`.",
+          responses=_errors(400, 404, 413, 422, 503))
+    async def submit(self, request: Request, jobs: Jobs,
+               schema_id: str | None = None, strategy: str | None = None,
+               draft_len: int | None = None, temperature: float | None = None,
+               seed: int | None = None, max_tokens: int | None = None) -> BatchAccepted:
+        # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
+        data = await request.body()
+        content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if content_type in (NDJSON, "application/jsonl", "application/ndjson"):
+            options = JobOptions(strategy=strategy, draft_len=draft_len, temperature=temperature, seed=seed,
+                                 max_tokens=max_tokens)
+            return await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options)
+        return await anyio.to_thread.run_sync(jobs.submit_batch_json, decode_batch(data))
+
+    @get("/{batch_id:str}", sync_to_thread=True, summary="Batch progress: counts per status",
+         responses=_errors(404))
+    def get_batch(self, batch_id: BatchId, jobs: Jobs) -> BatchRead:
+        return jobs.get_batch(batch_id)
+
+    @get("/{batch_id:str}/results", sync_to_thread=True, media_type=NDJSON,
+         summary="NDJSON {id, status, result | error, stats} per document, in input order",
+         responses=_errors(404))
+    def results(self, batch_id: BatchId, jobs: Jobs) -> Stream:
+        return Stream(jobs.batch_results(batch_id), media_type=NDJSON)
+
+    @post("/{batch_id:str}/cancel", sync_to_thread=True, status_code=200, summary="Cancel the batch's queued jobs",
+          responses=_errors(404))
+    def cancel(self, batch_id: BatchId, jobs: Jobs) -> BatchRead:
+        return jobs.cancel_batch(batch_id)
+
+
+def decode_batch(body: bytes) -> BatchCreate:
+    """The JSON form, with the API's 400 (not JSON) / 422 (wrong shape) split."""
+    if not body.strip():
+        raise BadRequestError("request body is required (a JSON object)",
+                              [ErrorItem(message="request body is empty", source="body")])
+    try:
+        return msgspec.json.decode(body, type=BatchCreate)
+    except msgspec.ValidationError as e:
+        from structspec.api.errors import UnprocessableError
+
+        path = _path(str(e))
+        raise UnprocessableError(f"invalid request body: {e}", [ErrorItem(path=path, message=str(e), source="body")]) from None
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise BadRequestError(f"request body is not valid JSON: {e}", [ErrorItem(message=str(e), source="body")]) from None
+
+
+def _path(message: str) -> str:
+    # msgspec: "... - at `$.documents[0]`" -> /documents/0
+    if "at `$" not in message:
+        return ""
+    loc = message.rsplit("at `$", 1)[1].rstrip("`")
+    return "".join("/" + p for p in loc.replace("[", ".").replace("]", "").split(".") if p)

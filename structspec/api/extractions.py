@@ -1,0 +1,52 @@
+"""/v1/extractions: submit one document, read the job, cancel it."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from litestar import Controller, Response, get, post
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
+from litestar.openapi.datastructures import ResponseSpec
+from litestar.params import JSONBody, PathParameter, QueryParameter
+
+from structspec.api.schemas import _errors
+from structspec.api.services.jobs import JobService
+from structspec.api.structs import ExtractionCreate, JobAccepted, JobRead
+
+JobId = Annotated[str, PathParameter(description="job id (UUID)")]
+Jobs = NamedDependency[JobService]
+
+
+def provide_job_service(state: State) -> JobService:
+    return JobService(state.session_factory, state.settings, state.publisher)
+
+
+class ExtractionController(Controller):
+    path = "/v1/extractions"
+    tags = ["extractions"]
+    dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
+
+    @post("/", sync_to_thread=True, summary="Submit one document for extraction",
+          description="202 {id, status} once queued. With ?wait=S (0-60) the call waits up to S seconds "
+                      "and answers 200 with the finished job, or 202 if it is not finished by then.",
+          responses={200: ResponseSpec(data_container=JobRead, description="finished within `wait`",
+                                       generate_examples=False), **_errors(400, 404, 413, 422, 503)})
+    def submit(self, data: JSONBody[ExtractionCreate], jobs: Jobs,
+               wait: Annotated[float | None, QueryParameter(ge=0, le=60)] = None) -> Response[JobAccepted]:
+        accepted = jobs.submit(data)
+        if wait:
+            job = jobs.wait(accepted.id, wait)
+            if job.finished_at is not None:
+                return Response(job, status_code=200)
+        return Response(accepted, status_code=202)
+
+    @get("/{job_id:str}", sync_to_thread=True, summary="One job: status, result or error, stats",
+         responses=_errors(404))
+    def get_job(self, job_id: JobId, jobs: Jobs) -> JobRead:
+        return jobs.get(job_id)
+
+    @post("/{job_id:str}/cancel", sync_to_thread=True, status_code=200, summary="Cancel a queued or running job",
+          responses=_errors(404, 409))
+    def cancel(self, job_id: JobId, jobs: Jobs) -> JobRead:
+        return jobs.cancel(job_id)

@@ -1,0 +1,300 @@
+"""Extraction jobs and batches: validate, store, publish to the broker, read back, cancel.
+
+Submission order: the rows are committed first, then the job ids are published; if the
+broker does not take them within submit_timeout_s the rows are deleted again and the client
+gets 503, so nothing half-written stays behind. (A crash of the API process between commit
+and publish would leave jobs queued with no message: the one gap, see docs/api.md.)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, Iterator
+
+import msgspec
+from sqlalchemy.orm import Session, sessionmaker
+
+from structspec.api.errors import ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError
+from structspec.api.services.schemas import SchemaService
+from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchRead, ExtractionCreate,
+                                    JobAccepted, JobOptions, JobRead, JobStats, JobTimings, Rejected,
+                                    SchemaCreate)
+from structspec.config import Settings
+from structspec.db.jobs import BatchRepository, JobRepository
+from structspec.db.models import TERMINAL_STATUSES, BatchRecord, JobRecord
+from structspec.db.repositories import SchemaRepository
+
+log = logging.getLogger(__name__)
+
+OPTION_NAMES = ("strategy", "draft_len", "temperature", "seed", "max_tokens")
+WAIT_POLL_S = 0.1
+RESULTS_PAGE = 500
+
+
+class JobService:
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings, publisher):
+        self.session_factory = session_factory
+        self.settings = settings
+        self.publisher = publisher  # a Celery app (worker.app.make_celery)
+
+    # --- single extractions --------------------------------------------------------------------
+
+    def submit(self, data: ExtractionCreate) -> JobAccepted:
+        schema_id = self._resolve_schema(data.schema_id, data.schema)
+        self._check_document(data.document, "/document")
+        options = self.resolve_options(data.options)
+        with self.session_factory.begin() as session:
+            [job_id] = JobRepository(session).add_many([dict(schema_id=schema_id, document=data.document,
+                                                             options=options)])
+        self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]))
+        return JobAccepted(id=job_id, status="queued")
+
+    def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
+        """The job once finished, or as it is after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            job = self.get(str(job_id))
+            if job.status in TERMINAL_STATUSES or time.monotonic() >= deadline:
+                return job
+            time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def get(self, job_id: str) -> JobRead:
+        with self.session_factory() as session:
+            return to_job_read(self._job(session, job_id))
+
+    def cancel(self, job_id: str) -> JobRead:
+        with self.session_factory.begin() as session:
+            repo = JobRepository(session)
+            job = self._job(session, job_id)
+            if not repo.cancel(job.id):
+                session.refresh(job)
+                raise ApiError(409, f"job {job.id} is already {job.status}; only queued or running jobs "
+                                    "can be cancelled",
+                               [ErrorItem(path="id", message=f"status is {job.status}", source="path")])
+            session.refresh(job)
+            return to_job_read(job)
+
+    # --- batches -------------------------------------------------------------------------------
+
+    def submit_batch_json(self, data: BatchCreate) -> BatchAccepted:
+        entries = [(i + 1, raw, None) for i, raw in enumerate(data.documents)]
+        return self._submit_batch(data.schema_id, data.options, entries, where="/documents/{i}")
+
+    def submit_batch_ndjson(self, body: bytes, schema_id: str | None, options: JobOptions) -> BatchAccepted:
+        if not schema_id:
+            raise UnprocessableError("query parameter schema_id is required for an NDJSON batch",
+                                     [ErrorItem(path="schema_id", message="missing", source="query")])
+        entries = []
+        for n, line in enumerate(body.split(b"\n"), start=1):
+            if not line.strip():
+                continue
+            try:
+                entries.append((n, msgspec.json.decode(line), None))
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
+                entries.append((n, None, f"not valid JSON: {e}"))
+        return self._submit_batch(schema_id, options, entries, where="line {n}")
+
+    def _submit_batch(self, schema_id_text: str, options_in: JobOptions | None,
+                      entries: list[tuple[int, Any, str | None]], where: str) -> BatchAccepted:
+        limit = self.settings.max_batch_size
+        if len(entries) > limit:
+            raise PayloadTooLargeError(
+                f"batch has {len(entries)} documents; the limit is {limit} (max_batch_size)",
+                [ErrorItem(path="/documents", message=f"{len(entries)} > {limit}", source="body")])
+        schema_id = self._resolve_schema(schema_id_text, None)
+        options = self.resolve_options(options_in)
+        rows, rejected = [], []
+        for n, raw, problem in entries:
+            problem = problem or self._entry_problem(raw)
+            if problem:
+                rejected.append(Rejected(line=n, message=problem))
+                continue
+            doc_id = raw.get("id", n - 1)
+            rows.append(dict(schema_id=schema_id, document=raw["document"], options=options,
+                             position=len(rows), doc_id=msgspec.json.encode(doc_id).decode()))
+        if not rows:
+            raise UnprocessableError("no valid document in the batch", [
+                ErrorItem(path=where.format(i=r.line - 1, n=r.line), message=r.message, source="body")
+                for r in rejected[:100]])
+        with self.session_factory.begin() as session:
+            batch = BatchRepository(session).add(schema_id=schema_id, total=len(rows), options=options)
+            for row in rows:
+                row["batch_id"] = batch.id
+            ids = JobRepository(session).add_many(rows)
+        self._publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id))
+        return BatchAccepted(id=batch.id, total=len(rows), rejected=rejected)
+
+    def _entry_problem(self, raw: Any) -> str | None:
+        if not isinstance(raw, dict):
+            return "expected an object {\"id\"?: string | integer, \"document\": string}"
+        unknown = sorted(set(raw) - {"id", "document"})
+        if unknown:
+            return f"unknown field {unknown[0]!r} (allowed: id, document)"
+        if not isinstance(raw.get("document"), str):
+            return "field 'document' is required and must be a string"
+        if "id" in raw and (isinstance(raw["id"], bool) or not isinstance(raw["id"], (str, int))):
+            return "field 'id' must be a string or an integer"
+        size, limit = len(raw["document"].encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
+        if size > limit:
+            return f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)"
+        return None
+
+    def get_batch(self, batch_id: str) -> BatchRead:
+        with self.session_factory() as session:
+            batch = self._batch(session, batch_id)
+            counts, latest = JobRepository(session).counts(batch.id)
+            return to_batch_read(batch, counts, latest)
+
+    def cancel_batch(self, batch_id: str) -> BatchRead:
+        from structspec.db.columns import utcnow
+
+        with self.session_factory.begin() as session:
+            batch = self._batch(session, batch_id)
+            JobRepository(session).cancel_queued_in_batch(batch.id)
+            if batch.cancelled_at is None:
+                batch.cancelled_at = utcnow()
+        return self.get_batch(batch_id)
+
+    def batch_results(self, batch_id: str) -> Iterator[bytes]:
+        """NDJSON lines `{id, status, result | error, stats}` in input order (checked eagerly:
+        an unknown batch is a 404 before streaming starts)."""
+        with self.session_factory() as session:
+            bid = self._batch(session, batch_id).id
+        return self._result_lines(bid)
+
+    def _result_lines(self, batch_id: uuid.UUID) -> Iterator[bytes]:
+        after = -1
+        while True:
+            with self.session_factory() as session:
+                page = JobRepository(session).batch_page(batch_id, after, RESULTS_PAGE)
+                lines = [result_line(j) for j in page]
+            if not page:
+                return
+            after = page[-1].position
+            yield b"".join(lines)
+
+    # --- shared --------------------------------------------------------------------------------
+
+    def resolve_options(self, given: JobOptions | None) -> dict[str, Any]:
+        """Options with server defaults filled in, checked by the engine's own rules (422 naming
+        the option)."""
+        from structspec.engine.engine import ExtractOptions
+
+        s = self.settings
+        opts = {"strategy": s.strategy, "draft_len": s.draft_len, "temperature": 0.0, "seed": None,
+                "max_tokens": s.max_tokens}
+        if given is not None:
+            opts.update({k: v for k, v in msgspec.structs.asdict(given).items() if v is not None})
+        try:
+            ExtractOptions(**opts).check()
+        except ValueError as e:
+            name = next((n for n in OPTION_NAMES if n in str(e)), "")
+            raise UnprocessableError(f"invalid option: {e}", [
+                ErrorItem(path=f"/options/{name}" if name else "/options", message=str(e), source="body")]) from None
+        return opts
+
+    def _resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None) -> uuid.UUID:
+        if (schema_id is None) == (inline is None):
+            raise UnprocessableError("give exactly one of schema_id and schema", [
+                ErrorItem(path="/schema_id", message="exactly one of schema_id and schema is required",
+                          source="body")])
+        if inline is not None:
+            from structspec.grammar import schema_hash
+
+            name = "inline-" + schema_hash(inline)[:16]
+            record, _ = SchemaService(self.session_factory, self.settings).register(
+                SchemaCreate(name=name, schema=inline, description="registered inline by POST /v1/extractions"))
+            return record.id
+        try:
+            sid = uuid.UUID(schema_id)
+        except ValueError:
+            raise NotFoundError(f"no schema with id {schema_id!r} (ids are UUIDs)") from None
+        with self.session_factory() as session:
+            if SchemaRepository(session).get(sid) is None:
+                raise NotFoundError(f"no schema with id {schema_id}")
+        return sid
+
+    def _check_document(self, document: str, path: str) -> None:
+        size, limit = len(document.encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)",
+                [ErrorItem(path=path, message=f"{size} bytes > {limit} bytes", source="body")])
+
+    def _publish(self, ids: list[uuid.UUID], undo) -> None:
+        from worker.app import enqueue
+
+        try:
+            enqueue(self.publisher, ids)
+        except Exception as e:  # kombu/redis/amqp connection errors differ per transport
+            log.warning("broker unavailable at submit: %s", e)
+            with self.session_factory.begin() as session:
+                undo(session)
+            msg = " ".join(str(e).split())[:300] or type(e).__name__
+            raise ApiError(503, "the job queue (broker) is unavailable; nothing was stored, retry later",
+                           [ErrorItem(message=msg, source="broker")], headers={"retry-after": "5"}) from None
+
+    def _job(self, session: Session, job_id: str) -> JobRecord:
+        try:
+            job = JobRepository(session).get(uuid.UUID(job_id))
+        except ValueError:
+            job = None
+        if job is None:
+            raise NotFoundError(f"no extraction job with id {job_id}")
+        return job
+
+    def _batch(self, session: Session, batch_id: str) -> BatchRecord:
+        try:
+            batch = BatchRepository(session).get(uuid.UUID(batch_id))
+        except ValueError:
+            batch = None
+        if batch is None:
+            raise NotFoundError(f"no batch with id {batch_id}")
+        return batch
+
+
+STATS_KEYS = tuple(JobStats.__struct_fields__)
+
+
+def to_job_read(j: JobRecord) -> JobRead:
+    return JobRead(id=j.id, status=j.status, schema_id=j.schema_id, batch_id=j.batch_id,
+                   result=j.result if j.status == "succeeded" else None, error=j.error,
+                   stats=JobStats(**{k: j.stats.get(k) for k in STATS_KEYS}) if j.stats else None,
+                   timings=JobTimings(queued_s=j.queued_s, prefill_s=j.prefill_s, decode_s=j.decode_s),
+                   created_at=j.created_at, finished_at=j.finished_at)
+
+
+def result_line(j: JobRecord) -> bytes:
+    line: dict[str, Any] = {"id": msgspec.json.decode(j.doc_id) if j.doc_id else j.position,
+                            "status": j.status}
+    if j.status == "succeeded":
+        line["result"] = j.result
+    else:
+        line["error"] = j.error
+    line["stats"] = {k: j.stats.get(k) for k in STATS_KEYS} if j.stats else None
+    return msgspec.json.encode(line) + b"\n"
+
+
+def batch_status(counts: dict[str, int], cancelled: bool) -> str:
+    """queued: nothing started; running: some not finished; once all are finished: cancelled if
+    the batch was cancelled, succeeded/failed if all did, otherwise partial."""
+    total = sum(counts.values())
+    if counts["queued"] == total:
+        return "queued"
+    if counts["queued"] or counts["running"]:
+        return "running"
+    if cancelled and counts["cancelled"]:
+        return "cancelled"
+    for s in ("succeeded", "failed", "cancelled"):
+        if counts[s] == total:
+            return s
+    return "partial"
+
+
+def to_batch_read(b: BatchRecord, counts: dict[str, int], latest) -> BatchRead:
+    status = batch_status(counts, b.cancelled_at is not None)
+    done = status not in ("queued", "running")
+    return BatchRead(id=b.id, schema_id=b.schema_id, total=b.total, counts=BatchCounts(**counts), status=status,
+                     created_at=b.created_at, finished_at=latest if done else None)

@@ -1,0 +1,153 @@
+"""`structspec demo`: the whole service on the embedded defaults, end to end.
+
+Starts `structspec serve` and one `structspec worker` as subprocesses (SQLite database and
+kombu's SQLAlchemy broker in a temporary directory), registers schemas/receipt.json, submits
+examples/receipt-*.txt as one batch, shows progress on stderr, prints the NDJSON results on
+stdout, and stops both processes (also on Ctrl-C, SIGTERM or an error).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Children:
+    """Subprocesses, each in its own process group, all stopped by stop_all()."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env, self.log_dir, self.procs = env, log_dir, {}
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        with (self.log_dir / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "structspec.cli", *args], cwd=ROOT, env=self.env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs[name] = proc
+        return proc
+
+    def check(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.log_dir / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited with status {proc.returncode}:\n{tail}")
+
+    def stop_all(self, grace: float = 20) -> None:
+        for proc in self.procs.values():
+            _signal(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal(proc, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def run_demo(args) -> int:
+    import httpx
+
+    keep = bool(args.data_dir)
+    data_dir = Path(args.data_dir).expanduser() if keep else Path(tempfile.mkdtemp(prefix="structspec-demo-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = args.port or free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("STRUCTSPEC_DATA_DIR", "STRUCTSPEC_DATABASE_URL", "STRUCTSPEC_BROKER_URL")}
+    env.update(STRUCTSPEC_DATA_DIR=str(data_dir), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+               HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    children = Children(env, data_dir)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.timeout
+    say = lambda msg: print(f"demo: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        say(f"data in {data_dir}; starting the API on {base}")
+        children.start("server", "serve", "--port", str(port))
+        _wait(lambda: _healthy(httpx, base), children, deadline, "the API to become healthy")
+        say("starting a worker (loads the model once)")
+        children.start("worker", "worker")
+        with httpx.Client(base_url=base, timeout=30) as http:
+            schema = json.loads((ROOT / "schemas" / "receipt.json").read_text())
+            r = http.post("/v1/schemas", json={"name": "receipt", "schema": schema})
+            r.raise_for_status()
+            docs = [{"id": p.name, "document": p.read_text(encoding="utf-8")}
+                    for p in sorted((ROOT / "examples").glob("receipt-*.txt"))]
+            r = http.post("/v1/batches", json={"schema_id": r.json()["id"], "documents": docs})
+            r.raise_for_status()
+            batch_id = r.json()["id"]
+            say(f"batch {batch_id}: {len(docs)} documents")
+            last = None
+
+            def progress():
+                nonlocal last
+                b = http.get(f"/v1/batches/{batch_id}").json()
+                line = f"{b['status']} " + " ".join(f"{k}={v}" for k, v in b["counts"].items() if v)
+                if line != last:
+                    say(line)
+                    last = line
+                return b["finished_at"] is not None and b
+
+            batch = _wait(progress, children, deadline, "the batch to finish", interval=0.5)
+            with http.stream("GET", f"/v1/batches/{batch_id}/results") as results:
+                for line in results.iter_lines():
+                    if line:
+                        print(line, flush=True)
+        say(f"done: batch {batch['status']}")
+        return 0 if batch["status"] == "succeeded" else 1
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    except Exception as e:
+        say(f"error: {e}")
+        return 1
+    finally:
+        say("stopping the worker and the API")
+        children.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        if not keep:
+            shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _raise_interrupt(*_):
+    raise KeyboardInterrupt
+
+
+def _healthy(httpx, base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _wait(fn, children: Children, deadline: float, what: str, interval: float = 0.2):
+    while True:
+        value = fn()
+        if value:
+            return value
+        children.check()
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gave up waiting for {what}")
+        time.sleep(interval)

@@ -1,0 +1,105 @@
+"""Helpers for the job/worker tests: a tiny random-weight Llama, worker subprocesses, and
+bounded polling. Every wait has a deadline; every subprocess is killed in a finally."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from structspec.config import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Enums and booleans only: even random weights finish in a handful of tokens and validly.
+TINY_SCHEMA = {"type": "object",
+               "properties": {"label": {"enum": ["a", "b", "c"]}, "ok": {"type": "boolean"}},
+               "required": ["label", "ok"]}
+
+
+def build_tiny_model(directory: Path) -> Path:
+    """A 2-layer, 64-wide random Llama with the default model's tokenizer (~7 MB)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structspec.engine.model import load_tokenizer
+
+    tok = load_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+    model.save_pretrained(directory)
+    tok.save_pretrained(directory)
+    return directory
+
+
+def worker_env(settings: Settings, model: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRUCTSPEC_")}
+    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               STRUCTSPEC_DATA_DIR=str(settings.data_dir), STRUCTSPEC_DATABASE_URL=settings.database_url,
+               STRUCTSPEC_BROKER_URL=settings.broker_url, STRUCTSPEC_JOB_LEASE_S=str(settings.job_lease_s),
+               STRUCTSPEC_JOB_QUEUE=settings.job_queue, STRUCTSPEC_TORCH_THREADS="1")
+    if model is not None:
+        env["STRUCTSPEC_MODEL"] = model
+    return env
+
+
+@dataclass
+class Worker:
+    """`structspec worker` as a subprocess in its own process group."""
+
+    settings: Settings
+    model: str | None
+    log: Path
+    proc: subprocess.Popen | None = field(default=None)
+
+    def start(self) -> "Worker":
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", "structspec.cli", "worker"], cwd=ROOT,
+                                         env=worker_env(self.settings, self.model), stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole group (solo pool: one process) and reap it."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            pytest.fail(f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
+
+
+def poll(fn, *, timeout: float, interval: float = 0.25, what: str = "condition", worker: Worker | None = None):
+    """Call fn() until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if worker is not None:
+            worker.check_alive()
+        if time.monotonic() > deadline:
+            log = f"\nworker log:\n{worker.log.read_text()[-4000:]}" if worker is not None else ""
+            pytest.fail(f"timed out after {timeout} s waiting for {what}{log}")
+        time.sleep(interval)

@@ -1,0 +1,266 @@
+"""Extraction jobs and batches end to end: the API in-process, a real `structspec worker`
+subprocess running a tiny random-weight Llama, on both stacks:
+
+  embedded            SQLite database + kombu SQLAlchemy broker on SQLite (the zero-setup default)
+  redis-postgresql    PostgreSQL + Redis (production)
+
+Leases are 3 s here so a killed worker's jobs come back within seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import pytest
+import sqlalchemy as sa
+from litestar.testing import TestClient
+
+from conftest import REDIS_URL, postgres_database, require_url
+from integration_helpers import assert_error
+from jobs_helpers import TINY_SCHEMA, Worker, build_tiny_model, poll
+from structspec.api.app import create_app
+from structspec.config import Settings
+from structspec.db import migrate
+from structspec.db.session import make_engine
+
+STACKS = ["embedded", "redis-postgresql"]
+JOB_TIMEOUT = 60
+BATCH_TIMEOUT = 120
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    return str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
+
+
+class Stack:
+    def __init__(self, settings: Settings, worker: Worker, client: TestClient):
+        self.settings, self.worker, self.client = settings, worker, client
+        self.schema_id = client.post("/v1/schemas", json={"name": "tiny", "schema": TINY_SCHEMA}).json()["id"]
+
+    def rows(self, sql: str, **params) -> list:
+        engine = make_engine(self.settings.database_url)
+        try:
+            with engine.connect() as conn:
+                return conn.execute(sa.text(sql), params).all()
+        finally:
+            engine.dispose()
+
+    def wait_job(self, job_id: str, timeout: float = JOB_TIMEOUT) -> dict:
+        return poll(lambda: (j := self.client.get(f"/v1/extractions/{job_id}").json())["finished_at"] and j,
+                    timeout=timeout, what=f"job {job_id}", worker=self.worker)
+
+    def wait_batch(self, batch_id: str, timeout: float = BATCH_TIMEOUT) -> dict:
+        return poll(lambda: (b := self.client.get(f"/v1/batches/{batch_id}").json())["finished_at"] and b,
+                    timeout=timeout, what=f"batch {batch_id}", worker=self.worker)
+
+    def results(self, batch_id: str) -> list[dict]:
+        r = self.client.get(f"/v1/batches/{batch_id}/results")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-ndjson")
+        return [json.loads(line) for line in r.text.splitlines()]
+
+
+@pytest.fixture(scope="module", params=STACKS)
+def stack(request, tiny_model, tmp_path_factory):
+    data_dir = tmp_path_factory.mktemp(request.param)
+    if request.param == "embedded":
+        settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", job_lease_s=3)
+        yield from _run_stack(settings, tiny_model, data_dir)
+    else:
+        broker = require_url("Redis", REDIS_URL, 6379)
+        with postgres_database("structspec_test_jobs") as db:
+            settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", database_url=db,
+                                broker_url=broker, job_lease_s=3, job_queue=f"structspec-test-{uuid.uuid4().hex[:8]}")
+            yield from _run_stack(settings, tiny_model, data_dir)
+
+
+def _run_stack(settings: Settings, model: str, data_dir: Path):
+    migrate.upgrade(settings.database_url)
+    worker = Worker(settings, model, data_dir / "worker.log").start()
+    try:
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            yield Stack(settings, worker, client)
+    finally:
+        worker.kill()
+
+
+def valid(value) -> bool:
+    jsonschema.validate(value, TINY_SCHEMA)
+    return True
+
+
+# --- single jobs -------------------------------------------------------------------------------
+
+def test_single_job_runs_on_a_worker_and_reports_result_stats_and_timings(stack):
+    r = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "label: b, ok: yes",
+                                                   "options": {"strategy": "schema", "draft_len": 4}})
+    assert r.status_code == 202, r.text
+    assert r.json()["status"] == "queued"
+    job = stack.wait_job(r.json()["id"])
+    assert job["status"] == "succeeded", job
+    assert valid(job["result"]) and job["error"] is None
+    assert job["schema_id"] == stack.schema_id and job["batch_id"] is None
+    assert job["stats"]["strategy"] == "schema" and job["stats"]["draft_len"] == 4
+    assert job["stats"]["output_tokens"] > 0 and job["stats"]["target_passes"] > 0
+    assert job["timings"]["queued_s"] >= 0 and job["timings"]["decode_s"] >= 0
+    [(completions, attempts)] = stack.rows("SELECT completions, attempts FROM jobs WHERE id = :id",
+                                           id=uuid.UUID(job["id"]).hex if "sqlite" in stack.settings.database_url
+                                           else job["id"])
+    assert (completions, attempts) == (1, 1)
+
+
+def test_wait_answers_200_with_the_finished_job_and_registers_an_inline_schema(stack):
+    r = stack.client.post("/v1/extractions?wait=30", json={"schema": TINY_SCHEMA, "document": "ok"})
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["status"] == "succeeded" and valid(job["result"])
+    again = stack.client.post("/v1/extractions", json={"schema": TINY_SCHEMA, "document": "again"})
+    assert again.status_code == 202
+    assert stack.client.get(f"/v1/extractions/{again.json()['id']}").json()["schema_id"] == job["schema_id"]
+
+
+# --- batches -------------------------------------------------------------------------------
+
+def test_batch_of_50_returns_valid_results_in_input_order(stack):
+    docs = [{"id": f"doc-{i}", "document": f"document number {i}: label {'abc'[i % 3]}"} for i in range(50)]
+    r = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id, "documents": docs})
+    assert r.status_code == 202, r.text
+    assert r.json()["total"] == 50 and r.json()["rejected"] == []
+    batch = stack.wait_batch(r.json()["id"])
+    assert batch["status"] == "succeeded" and batch["counts"]["succeeded"] == 50, batch
+    results = stack.results(batch["id"])
+    assert [x["id"] for x in results] == [d["id"] for d in docs]
+    assert all(x["status"] == "succeeded" and valid(x["result"]) for x in results)
+    assert all(x["stats"]["output_tokens"] > 0 for x in results)
+    bid = uuid.UUID(batch["id"])
+    rows = stack.rows("SELECT completions FROM jobs WHERE batch_id = :b",
+                      b=bid.hex if "sqlite" in stack.settings.database_url else bid)
+    assert len(rows) == 50 and {c for (c,) in rows} == {1}
+
+
+def test_ndjson_batch_reports_malformed_lines_by_number_and_runs_the_rest(stack):
+    lines = ['{"document": "first"}', '{bad json', '{"document": 5}', '',
+             '{"id": 7, "document": "fifth line"}', '{"document": "x", "extra": 1}', '[1]']
+    r = stack.client.post(f"/v1/batches?schema_id={stack.schema_id}&draft_len=2", content="\n".join(lines),
+                          headers={"content-type": "application/x-ndjson"})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["total"] == 2
+    assert [x["line"] for x in body["rejected"]] == [2, 3, 6, 7]
+    assert "JSON" in body["rejected"][0]["message"] and "document" in body["rejected"][1]["message"]
+    assert "extra" in body["rejected"][2]["message"]
+    stack.wait_batch(body["id"])
+    results = stack.results(body["id"])
+    assert [x["id"] for x in results] == [0, 7]  # the given id, else the 0-based line position
+    assert all(x["status"] == "succeeded" and x["stats"]["draft_len"] == 2 for x in results)
+
+    none_valid = stack.client.post(f"/v1/batches?schema_id={stack.schema_id}", content="{bad\n[]",
+                                   headers={"content-type": "application/x-ndjson"})
+    err = assert_error(none_valid, 422)
+    assert [e["path"] for e in err["errors"]] == ["line 1", "line 2"]
+
+
+def test_batch_over_max_batch_size_is_413_naming_the_limit(stack):
+    with TestClient(create_app(replace(stack.settings, max_batch_size=3))) as small:
+        r = small.post("/v1/batches", json={"schema_id": stack.schema_id,
+                                            "documents": [{"document": "d"}] * 4})
+    assert "max_batch_size" in assert_error(r, 413)["detail"]
+
+
+# --- cancel --------------------------------------------------------------------------------
+
+def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack):
+    docs = [{"document": f"filler {i}"} for i in range(40)]
+    batch = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id, "documents": docs}).json()
+    job_id = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "late"}).json()["id"]
+    cancelled = stack.client.post(f"/v1/extractions/{job_id}/cancel")  # queued behind the batch
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled" and cancelled.json()["result"] is None
+
+    b = stack.client.post(f"/v1/batches/{batch['id']}/cancel")
+    assert b.status_code == 200 and b.json()["counts"]["cancelled"] > 0, b.text
+    done = stack.wait_batch(batch["id"])
+    assert done["status"] == "cancelled"
+    assert done["counts"]["cancelled"] + done["counts"]["succeeded"] == 40
+    results = stack.results(batch["id"])
+    assert {x["status"] for x in results} <= {"succeeded", "cancelled"} and len(results) == 40
+
+    time.sleep(1.0)  # the worker reaches the cancelled job's message and must skip it
+    job = stack.client.get(f"/v1/extractions/{job_id}").json()
+    assert job["status"] == "cancelled"
+    assert assert_error(stack.client.post(f"/v1/extractions/{job_id}/cancel"), 409)["detail"]
+    finished = stack.client.post("/v1/extractions?wait=30", json={"schema_id": stack.schema_id, "document": "d"})
+    assert finished.status_code == 200
+    err = assert_error(stack.client.post(f"/v1/extractions/{finished.json()['id']}/cancel"), 409)
+    assert "succeeded" in err["detail"]
+    assert_error(stack.client.post(f"/v1/extractions/{uuid.uuid4()}/cancel"), 404)
+
+
+# --- input errors ----------------------------------------------------------------------------
+
+def test_submit_errors_are_4xx_in_the_error_shape(stack):
+    c = stack.client
+    assert "no schema" in assert_error(c.post("/v1/extractions", json={"schema_id": str(uuid.uuid4()),
+                                                                        "document": "d"}), 404)["detail"]
+    assert_error(c.post("/v1/extractions", json={"schema_id": "nope", "document": "d"}), 404)
+    err = assert_error(c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d",
+                                                       "options": {"draft_len": -1}}), 422)
+    assert err["errors"][0]["path"] == "/options/draft_len"
+    err = assert_error(c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d",
+                                                       "options": {"strategy": "psychic"}}), 422)
+    assert err["errors"][0]["path"] == "/options/strategy"
+    err = assert_error(c.post("/v1/extractions", json={"schema": {"type": "strin"}, "document": "d"}), 422)
+    assert err["errors"][0]["source"] == "schema" and err["errors"][0]["path"] == "/type"
+    assert_error(c.post("/v1/extractions", json={"document": "d"}), 422)
+    assert_error(c.post("/v1/extractions?wait=61", json={"schema_id": stack.schema_id, "document": "d"}), 422)
+    assert_error(c.get(f"/v1/extractions/{uuid.uuid4()}"), 404)
+    assert_error(c.get(f"/v1/batches/{uuid.uuid4()}"), 404)
+    assert_error(c.get(f"/v1/batches/{uuid.uuid4()}/results"), 404)
+    with TestClient(create_app(replace(stack.settings, max_document_bytes=10))) as small:
+        err = assert_error(small.post("/v1/extractions", json={"schema_id": stack.schema_id,
+                                                               "document": "x" * 11}), 413)
+    assert "max_document_bytes" in err["detail"]
+
+
+def test_broker_unreachable_at_submit_is_503_and_stores_nothing(stack):
+    before = stack.rows("SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches)")[0]
+    down = replace(stack.settings, broker_url="redis://127.0.0.1:1/0", submit_timeout_s=2)
+    with TestClient(create_app(down), raise_server_exceptions=False) as c:
+        t0 = time.monotonic()
+        r = c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d"})
+        err = assert_error(r, 503)
+        assert time.monotonic() - t0 < 10
+        assert err["errors"][0]["source"] == "broker"
+        assert_error(c.post("/v1/batches", json={"schema_id": stack.schema_id,
+                                                 "documents": [{"document": "a"}, {"document": "b"}]}), 503)
+    assert stack.rows("SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches)")[0] == before
+
+
+# --- fault tolerance: last, it replaces the module's worker ---------------------------------
+
+def test_batch_survives_a_worker_killed_mid_run_and_every_job_completes_exactly_once(stack):
+    n = 40
+    r = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id,
+                                               "documents": [{"document": f"doc {i}"} for i in range(n)]})
+    batch_id = r.json()["id"]
+    poll(lambda: 3 <= stack.client.get(f"/v1/batches/{batch_id}").json()["counts"]["succeeded"] < n,
+         timeout=JOB_TIMEOUT, interval=0.05, what="the batch to be under way", worker=stack.worker)
+    stack.worker.kill()  # SIGKILL mid-batch: its claimed chunk is left `running`
+    mid = stack.client.get(f"/v1/batches/{batch_id}").json()
+    assert mid["counts"]["succeeded"] < n, "the batch finished before the kill; nothing was tested"
+
+    stack.worker.start()
+    batch = stack.wait_batch(batch_id)
+    assert batch["status"] == "succeeded" and batch["counts"]["succeeded"] == n, batch
+    bid = uuid.UUID(batch_id)
+    rows = stack.rows("SELECT completions, attempts, status FROM jobs WHERE batch_id = :b",
+                      b=bid.hex if "sqlite" in stack.settings.database_url else bid)
+    assert len(rows) == n
+    assert all(c == 1 and s == "succeeded" for c, _, s in rows), rows
+    results = stack.results(batch_id)
+    assert [x["id"] for x in results] == list(range(n)) and all(valid(x["result"]) for x in results)
