@@ -36,7 +36,7 @@ test-fast: install
 
 bench: install
 	$(VENV)/bin/structspec bench strategies --dataset ../shared/data/deepjsoneval_en.jsonl \
-		--limit 20 --max-chars 4500 --max-tokens 384 --out bench-out
+		--limit 20 --max-chars 4500 --max-tokens 384 --draft-len 8 --threads 1 --out bench-out
 
 bench-kernels: install
 	$(PY) -m kernels.bench
