@@ -48,6 +48,13 @@ class Settings:
     job_chunk_size: int = 8  # job ids per Celery message; amortises per-task overhead in batches
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
+    # Strategy selection (structspec/stats). Jobs and batches default to `job_strategy`;
+    # "auto" lets the worker pick (strategy, draft_len) per request from the schema's stats.
+    job_strategy: str = "auto"  # auto | none | schema | ngram | composite
+    stats_half_life: int = 500  # requests of a schema after which its old stats weigh half
+    stats_draft_lens: str = "1,2,3,4,6,8,12,16"  # draft lengths `auto` chooses among
+    stats_prior_pass_ms: int = 50  # prior seconds-per-pass (ms) before anything is measured
+    stats_seed: int = 0  # mixed with the job id: a job's choice is reproducible
 
     def __post_init__(self) -> None:
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()

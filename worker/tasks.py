@@ -17,9 +17,12 @@ from celery import Task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from structspec.config import Settings
+from structspec.db.columns import utcnow
 from structspec.db.jobs import JobRepository
+from structspec.db.stats import StatsRepository
 from structspec.db.repositories import SchemaRepository
 from structspec.db.session import make_engine, make_session_factory
+from structspec.stats.resolve import resolve_options
 from worker.app import RUN_JOBS, app, enqueue
 
 log = logging.getLogger("structspec.worker")
@@ -92,10 +95,20 @@ def run_one(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> int:
             return 0
         repo.mark_started(job_id, token)
         schema = SchemaRepository(session).get(job.schema_id, include_deleted=True).body
-        document, options = job.document, dict(job.options)
+        document, schema_id, created_at = job.document, job.schema_id, job.created_at
+        options = dict(job.options)
+        try:
+            with session.begin_nested():  # a failed read must not poison this transaction
+                options = resolve_options(session, settings, schema_id, job_id, options)
+        except Exception:  # never strand a job on the selector: fall back to the fixed default
+            log.exception("strategy selection failed for job %s; using %s", job_id, settings.strategy)
+            options.update(strategy=settings.strategy, draft_len=options.get("draft_len") or settings.draft_len)
     outcome = extract(settings, schema, document, options)
     with sessions.begin() as session:
         ok = JobRepository(session).store(job_id, token, **outcome)
+        if ok and outcome.get("stats"):  # same transaction: a stored result and its stats commit together
+            StatsRepository(session).record(schema_id, outcome["stats"], half_life=settings.stats_half_life,
+                                            latency_s=(utcnow() - created_at).total_seconds())
     if not ok:
         log.info("job %s: not stored (cancelled or lease lost)", job_id)
     return int(ok)

@@ -14,6 +14,7 @@ from structspec.api.batches import BatchController
 from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
+from structspec.api.metrics import MetricsController
 from structspec.api.schemas import SchemaController
 from structspec.api.services.health import HealthService
 from structspec.config import Settings
@@ -40,7 +41,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         engine.dispose()
 
     return Litestar(
-        route_handlers=[SchemaController, ExtractionController, BatchController, HealthController],
+        route_handlers=[SchemaController, ExtractionController, BatchController, HealthController,
+                        MetricsController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
                      "publisher": publisher}),

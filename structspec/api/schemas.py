@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, Response, delete, get, post
+from litestar import Controller, Response, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
@@ -12,16 +12,22 @@ from litestar.params import FromPath, JSONBody, PathParameter, QueryParameter
 
 from structspec.api.errors import ErrorBody
 from structspec.api.services.schemas import SchemaService
-from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered
+from structspec.api.services.stats import StatsService
+from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered, SchemaStats, StrategyPin
 
 
 # Any string: a malformed id is an unknown id (404 naming it), not "no route".
 SchemaId = Annotated[str, PathParameter(description="schema version id (UUID)")]
 Schemas = NamedDependency[SchemaService]
+Stats = NamedDependency[StatsService]
 
 
 def provide_schema_service(state: State) -> SchemaService:
     return SchemaService(state.session_factory, state.settings)
+
+
+def provide_stats_service(state: State) -> StatsService:
+    return StatsService(state.session_factory, state.settings)
 
 
 def _errors(*codes: int) -> dict[int, ResponseSpec]:
@@ -32,7 +38,8 @@ def _errors(*codes: int) -> dict[int, ResponseSpec]:
 class SchemaController(Controller):
     path = "/v1/schemas"
     tags = ["schemas"]
-    dependencies = {"schemas": Provide(provide_schema_service, sync_to_thread=False)}
+    dependencies = {"schemas": Provide(provide_schema_service, sync_to_thread=False),
+                    "stats": Provide(provide_stats_service, sync_to_thread=False)}
 
     @post("/", sync_to_thread=True, summary="Register a JSON Schema",
           description="201 with a new version; 200 with the existing record when a live version of "
@@ -66,3 +73,16 @@ class SchemaController(Controller):
             responses=_errors(404))
     def delete_schema(self, schema_id: SchemaId, schemas: Schemas) -> None:
         schemas.delete(schema_id)
+
+    @get("/{schema_id:str}/stats", sync_to_thread=True, summary="Acceptance statistics and the selected strategy",
+         description="Totals per (strategy, draft_len) over every job recorded for this schema version, and "
+                     "the (strategy, draft_len) that `auto` currently favours (its pin, if set).",
+         responses=_errors(404))
+    def get_stats(self, schema_id: SchemaId, stats: Stats) -> SchemaStats:
+        return stats.get(schema_id)
+
+    @put("/{schema_id:str}/strategy", sync_to_thread=True, summary="Pin (or unpin) the strategy of `auto` jobs",
+         description='`{"strategy": "ngram", "draft_len": 6}` pins; `{"strategy": "auto"}` unpins.',
+         responses=_errors(404, 422))
+    def put_strategy(self, schema_id: SchemaId, data: JSONBody[StrategyPin], stats: Stats) -> SchemaStats:
+        return stats.set_pin(schema_id, data)

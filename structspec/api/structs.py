@@ -74,7 +74,9 @@ class HealthFailure(msgspec.Struct, kw_only=True):
 class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Decoding options; unset ones take the server's defaults (STRUCTSPEC_STRATEGY, ...)."""
 
-    strategy: Annotated[str, msgspec.Meta(description="none | schema | ngram | composite")] | None = None
+    strategy: Annotated[str, msgspec.Meta(
+        description="auto (default: chosen per job from the schema's statistics) | none | schema | ngram | "
+                    "composite")] | None = None
     draft_len: int | None = None
     temperature: float | None = None
     seed: int | None = None
@@ -162,3 +164,41 @@ class BatchRead(msgspec.Struct, kw_only=True):
         description="queued | running | succeeded | failed | cancelled | partial (see docs/api.md)")]
     created_at: datetime
     finished_at: datetime | None
+
+
+# --- acceptance statistics ---------------------------------------------------------------------
+
+class StrategyChoice(msgspec.Struct, kw_only=True):
+    strategy: str
+    draft_len: int
+
+
+class StrategyPin(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Pin `auto` jobs of a schema to one strategy; strategy "auto" removes the pin."""
+
+    strategy: Annotated[str, msgspec.Meta(description="auto | none | schema | ngram | composite")]
+    draft_len: int | None = None
+
+
+class ArmStats(msgspec.Struct, kw_only=True):
+    strategy: str
+    draft_len: int
+    requests: int
+    output_tokens: int
+    target_passes: int
+    proposed: int
+    accepted: int
+    acceptance_rate: float
+    tokens_per_pass: float
+    tokens_per_second: float
+    decode_s: float
+    accepted_by_position: list[int]
+    proposed_by_position: list[int]
+
+
+class SchemaStats(msgspec.Struct, kw_only=True):
+    schema_id: uuid.UUID
+    selected: StrategyChoice
+    selected_by: Annotated[str, msgspec.Meta(description="pinned | estimate (posterior mean of the selector)")]
+    pinned: StrategyChoice | None
+    strategies: list[ArmStats]

@@ -106,3 +106,63 @@ class JobRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+# --- acceptance statistics (structspec/stats) -------------------------------------------------
+
+class ArmStatsRecord(Base):
+    """Aggregated engine stats of one (schema, strategy, draft_len): one row per key, updated
+    in the worker's result transaction. Exact totals feed the API and /metrics; the `d_*`
+    columns are decayed counts (as of the schema's request clock `seen_at`) for the selector."""
+
+    __tablename__ = "schema_arm_stats"
+
+    schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id", ondelete="CASCADE"),
+                                                 primary_key=True)
+    strategy: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    draft_len: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    target_passes: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    proposed: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    decode_s: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    latency_s_sum: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    latency_buckets: Mapped[list[int]] = mapped_column(sa.JSON)  # per stats.aggregate.LATENCY_BUCKETS, +Inf last
+    d_requests: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    d_passes: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    d_decode_s: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    seen_at: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class PositionStatsRecord(Base):
+    """Per draft position i of one arm: passes in which position i was proposed / accepted
+    (accepted at i implies accepted at 0..i-1), exact and decayed."""
+
+    __tablename__ = "schema_position_stats"
+    __table_args__ = (
+        sa.ForeignKeyConstraint(["schema_id", "strategy", "draft_len"],
+                                ["schema_arm_stats.schema_id", "schema_arm_stats.strategy",
+                                 "schema_arm_stats.draft_len"], ondelete="CASCADE"),
+    )
+
+    schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True)
+    strategy: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    draft_len: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    position: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    proposed: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    accepted: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    d_accepted: Mapped[float] = mapped_column(sa.Float, default=0.0)
+
+
+class StrategyPinRecord(Base):
+    """A strategy pinned for one schema version: `auto` jobs of it use this, not the selector."""
+
+    __tablename__ = "schema_strategy_pins"
+
+    schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id", ondelete="CASCADE"),
+                                                 primary_key=True)
+    strategy: Mapped[str] = mapped_column(sa.String(16))
+    draft_len: Mapped[int] = mapped_column(sa.Integer)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

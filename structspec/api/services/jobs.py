@@ -183,13 +183,21 @@ class JobService:
         from structspec.engine.engine import ExtractOptions
 
         s = self.settings
-        opts = {"strategy": s.strategy, "draft_len": s.draft_len, "temperature": 0.0, "seed": None,
+        given_opts = {k: v for k, v in msgspec.structs.asdict(given).items() if v is not None} if given else {}
+        strategy = given_opts.get("strategy", s.job_strategy)
+        # auto: the worker picks (strategy, draft_len) per job; a given draft_len fixes k
+        default_len = None if strategy == "auto" else s.draft_len
+        opts = {"strategy": strategy, "draft_len": default_len, "temperature": 0.0, "seed": None,
                 "max_tokens": s.max_tokens}
-        if given is not None:
-            opts.update({k: v for k, v in msgspec.structs.asdict(given).items() if v is not None})
+        opts.update(given_opts)
         try:
-            ExtractOptions(**opts).check()
+            check = dict(opts)
+            if check["strategy"] == "auto":  # the engine knows no "auto"; check the other options
+                check.update(strategy="composite", draft_len=s.draft_len if opts["draft_len"] is None
+                             else opts["draft_len"])
+            ExtractOptions(**check).check()
         except ValueError as e:
+            e = ValueError(str(e).replace("strategy must be one of ", "strategy must be auto or one of "))
             name = next((n for n in OPTION_NAMES if n in str(e)), "")
             raise UnprocessableError(f"invalid option: {e}", [
                 ErrorItem(path=f"/options/{name}" if name else "/options", message=str(e), source="body")]) from None
@@ -237,22 +245,10 @@ class JobService:
                            [ErrorItem(message=msg, source="broker")], headers={"retry-after": "5"}) from None
 
     def _job(self, session: Session, job_id: str) -> JobRecord:
-        try:
-            job = JobRepository(session).get(uuid.UUID(job_id))
-        except ValueError:
-            job = None
-        if job is None:
-            raise NotFoundError(f"no extraction job with id {job_id}")
-        return job
+        return _get_or_404(JobRepository(session), job_id, "extraction job")
 
     def _batch(self, session: Session, batch_id: str) -> BatchRecord:
-        try:
-            batch = BatchRepository(session).get(uuid.UUID(batch_id))
-        except ValueError:
-            batch = None
-        if batch is None:
-            raise NotFoundError(f"no batch with id {batch_id}")
-        return batch
+        return _get_or_404(BatchRepository(session), batch_id, "batch")
 
 
 STATS_KEYS = tuple(JobStats.__struct_fields__)
@@ -298,3 +294,14 @@ def to_batch_read(b: BatchRecord, counts: dict[str, int], latest) -> BatchRead:
     done = status not in ("queued", "running")
     return BatchRead(id=b.id, schema_id=b.schema_id, total=b.total, counts=BatchCounts(**counts), status=status,
                      created_at=b.created_at, finished_at=latest if done else None)
+
+
+def _get_or_404(repository, record_id: str, what: str):
+    """The record with id `record_id` (a UUID string), or NotFoundError naming it."""
+    try:
+        record = repository.get(uuid.UUID(record_id))
+    except ValueError:
+        record = None
+    if record is None:
+        raise NotFoundError(f"no {what} with id {record_id}")
+    return record

@@ -1,0 +1,72 @@
+"""Acceptance statistics of a schema, its strategy pin, and the /metrics exposition."""
+
+from __future__ import annotations
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from structspec.api.errors import ErrorItem, NotFoundError, UnprocessableError
+from structspec.api.services.schemas import parse_id
+from structspec.api.structs import ArmStats, SchemaStats, StrategyChoice, StrategyPin
+from structspec.config import Settings
+from structspec.db.repositories import SchemaRepository
+from structspec.db.stats import StatsRepository
+from structspec.stats import metrics
+from structspec.stats.resolve import AUTO, choose
+
+
+class StatsService:
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings):
+        self.session_factory = session_factory
+        self.settings = settings
+
+    def get(self, schema_id: str) -> SchemaStats:
+        sid = parse_id(schema_id)
+        with self.session_factory() as session:
+            self._live(session, schema_id, sid)
+            repo = StatsRepository(session)
+            arms = repo.arms(sid)
+            pin = repo.pin(sid)
+            choice, why = choose(session, self.settings, sid)
+        return SchemaStats(
+            schema_id=sid, selected=StrategyChoice(strategy=choice.strategy, draft_len=choice.draft_len),
+            selected_by=why, pinned=StrategyChoice(strategy=pin.strategy, draft_len=pin.draft_len) if pin else None,
+            strategies=[ArmStats(strategy=a.strategy, draft_len=a.draft_len, requests=a.requests,
+                                 output_tokens=a.output_tokens, target_passes=a.target_passes, proposed=a.proposed,
+                                 accepted=a.accepted,
+                                 acceptance_rate=round(a.accepted / a.proposed, 4) if a.proposed else 0.0,
+                                 tokens_per_pass=round(a.output_tokens / a.target_passes, 4) if a.target_passes else 0.0,
+                                 tokens_per_second=round(a.output_tokens / a.decode_s, 2) if a.decode_s > 0 else 0.0,
+                                 decode_s=round(a.decode_s, 4), accepted_by_position=a.accepted_by_position,
+                                 proposed_by_position=a.proposed_by_position) for a in arms])
+
+    def set_pin(self, schema_id: str, data: StrategyPin) -> SchemaStats:
+        """Pin (or with strategy "auto", unpin) the schema's strategy for `auto` jobs."""
+        sid = parse_id(schema_id)
+        if data.strategy != AUTO:
+            from structspec.engine.engine import ExtractOptions
+
+            draft_len = self.settings.draft_len if data.draft_len is None else data.draft_len
+            try:
+                ExtractOptions(strategy=data.strategy, draft_len=draft_len).check()
+            except ValueError as e:
+                name = "draft_len" if "draft_len" in str(e) else "strategy"
+                raise UnprocessableError(f"invalid pin: {e}", [
+                    ErrorItem(path=f"/{name}", message=str(e), source="body")]) from None
+        with self.session_factory.begin() as session:
+            self._live(session, schema_id, sid)
+            repo = StatsRepository(session)
+            if data.strategy == AUTO:
+                repo.clear_pin(sid)
+            else:
+                repo.set_pin(sid, data.strategy, draft_len)
+        return self.get(schema_id)
+
+    def metrics(self) -> bytes:
+        with self.session_factory() as session:
+            rows = StatsRepository(session).metric_rows()
+        return metrics.render(rows)
+
+    @staticmethod
+    def _live(session: Session, schema_id: str, sid) -> None:
+        if SchemaRepository(session).get(sid) is None:
+            raise NotFoundError(f"no schema with id {schema_id}")

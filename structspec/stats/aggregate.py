@@ -1,0 +1,104 @@
+"""Per-(schema, strategy, draft_len) aggregates: exact totals (API, /metrics) and decayed
+counts (the selector). Pure Python so the database repository and the simulations in the
+unit tests fold jobs in with the same arithmetic.
+
+Decay is counted in *requests of the schema*, not wall time: every arm of a schema loses a
+factor gamma = 0.5 ** (1 / half_life) per request of that schema, pulled or not, so a stale
+arm grows uncertain again and gets re-explored. Each arm stores the schema's request clock
+at its last update (`seen_at`); its decayed counts are brought forward lazily.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Job latency histogram (seconds, created -> result stored). Stored per arm as non-cumulative
+# counts, one more than the bounds (the last is +Inf); changing these needs a migration of data.
+LATENCY_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def decay_factor(half_life: float, steps: float) -> float:
+    """gamma ** steps with gamma = 0.5 ** (1 / half_life); half_life <= 0 means no decay."""
+    if half_life <= 0 or steps <= 0:
+        return 1.0
+    return 0.5 ** (steps / half_life)
+
+
+def latency_bucket(seconds: float) -> int:
+    for i, bound in enumerate(LATENCY_BUCKETS):
+        if seconds <= bound:
+            return i
+    return len(LATENCY_BUCKETS)
+
+
+@dataclass
+class ArmAggregate:
+    """Everything stored about one (strategy, draft_len) of one schema."""
+
+    strategy: str
+    draft_len: int
+    requests: int = 0
+    output_tokens: int = 0
+    target_passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    decode_s: float = 0.0
+    latency_s_sum: float = 0.0
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    # decayed, as of schema request clock `seen_at`
+    d_requests: float = 0.0
+    d_passes: float = 0.0
+    d_decode_s: float = 0.0
+    d_accepted_by_position: list[float] = field(default_factory=list)
+    seen_at: int = 0
+
+    def add(self, stats: dict[str, Any], clock: int, half_life: float, latency_s: float | None = None) -> None:
+        """Fold one job's engine stats in. `clock`: the schema's request count before this job."""
+        g = decay_factor(half_life, clock - self.seen_at)
+        self.d_requests = self.d_requests * g + 1
+        self.d_passes = self.d_passes * g + stats["target_passes"]
+        self.d_decode_s = self.d_decode_s * g + stats["decode_s"]
+        acc = list(stats.get("accepted_by_position") or [])
+        prop = list(stats.get("proposed_by_position") or [])
+        n = max(len(acc), len(prop), len(self.proposed_by_position))
+        for name, extra in (("proposed_by_position", prop), ("accepted_by_position", acc)):
+            setattr(self, name, _add_lists(getattr(self, name), extra, n))
+        self.d_accepted_by_position = _add_lists([x * g for x in self.d_accepted_by_position], acc, n)
+        self.seen_at = clock + 1
+        self.requests += 1
+        self.output_tokens += stats["output_tokens"]
+        self.target_passes += stats["target_passes"]
+        self.proposed += stats["proposed"]
+        self.accepted += stats["accepted"]
+        self.decode_s += stats["decode_s"]
+        if latency_s is not None:
+            self.latency_s_sum += latency_s
+            buckets = list(self.latency_buckets)
+            buckets[latency_bucket(latency_s)] += 1
+            self.latency_buckets = buckets
+
+    def decayed(self, clock: int, half_life: float) -> "ArmView":
+        """The decayed counts as of schema request clock `clock`."""
+        g = decay_factor(half_life, clock - self.seen_at)
+        return ArmView(self.strategy, self.draft_len, self.d_passes * g, self.d_decode_s * g,
+                       [x * g for x in self.d_accepted_by_position], self.d_requests * g)
+
+
+@dataclass(frozen=True)
+class ArmView:
+    """What the selector sees of one arm: decayed passes, decode seconds and, per draft
+    position i, passes in which position i was accepted (which implies 0..i-1 were)."""
+
+    strategy: str
+    draft_len: int
+    passes: float
+    decode_s: float
+    accepted_by_position: list[float]
+    requests: float = 0.0
+
+
+def _add_lists(a: list, b: list, n: int) -> list:
+    return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]

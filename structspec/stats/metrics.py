@@ -1,0 +1,76 @@
+"""Prometheus exposition rendered from the database aggregates at scrape time.
+
+Workers and the API are separate processes (and possibly machines); the database rows the
+workers update in their result transactions are the one exact, shared count, so /metrics
+reads them instead of keeping in-process counters.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+from structspec.stats.aggregate import LATENCY_BUCKETS
+
+CONTENT_TYPE = "text/plain; version=0.0.4"  # Litestar appends "; charset=utf-8"
+
+COUNTERS = (  # (metric name without _total, row field, help)
+    ("structspec_requests", "requests", "Jobs whose engine stats were recorded"),
+    ("structspec_output_tokens", "output_tokens", "Tokens generated"),
+    ("structspec_target_passes", "target_passes", "Target-model forward passes after prefill"),
+    ("structspec_draft_tokens_proposed", "proposed", "Draft tokens sent to verification"),
+    ("structspec_draft_tokens_accepted", "accepted", "Draft tokens accepted by the target model"),
+)
+
+
+class _Snapshot:
+    """A prometheus_client collector over rows read once per scrape."""
+
+    def __init__(self, rows: Sequence):
+        self.rows = rows
+
+    def collect(self) -> Iterable:
+        labels = ["schema_id", "schema", "version", "strategy"]
+        groups: dict[tuple, dict] = {}
+        for r in self.rows:  # sum over draft lengths: labels are (schema, strategy)
+            key = (str(r.schema_id), r.name, str(r.version), r.strategy)
+            g = groups.setdefault(key, {"decode_s": 0.0, "latency_s_sum": 0.0,
+                                        "buckets": [0] * (len(LATENCY_BUCKETS) + 1),
+                                        **{f: 0 for _, f, _ in COUNTERS}})
+            for _, f, _ in COUNTERS:
+                g[f] += getattr(r, f)
+            g["decode_s"] += r.decode_s
+            g["latency_s_sum"] += r.latency_s_sum
+            for i, n in enumerate(r.latency_buckets or []):
+                g["buckets"][i] += n
+        for name, f, doc in COUNTERS:
+            m = CounterMetricFamily(name, doc, labels=labels)
+            for key, g in groups.items():
+                m.add_metric(list(key), g[f])
+            yield m
+        m = CounterMetricFamily("structspec_decode_seconds", "Seconds spent decoding (after prefill)", labels=labels)
+        for key, g in groups.items():
+            m.add_metric(list(key), g["decode_s"])
+        yield m
+        h = HistogramMetricFamily("structspec_job_latency_seconds",
+                                  "Job latency, submitted to result stored", labels=labels)
+        for key, g in groups.items():
+            cum, buckets = 0, []
+            for bound, n in zip([*map(_fmt, LATENCY_BUCKETS), "+Inf"], g["buckets"]):
+                cum += n
+                buckets.append((bound, cum))
+            h.add_metric(list(key), buckets, g["latency_s_sum"])
+        yield h
+
+
+def _fmt(x: float) -> str:
+    return repr(float(x))
+
+
+def render(rows: Sequence) -> bytes:
+    """Prometheus text format for StatsRepository.metric_rows()."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(rows))
+    return generate_latest(registry)

@@ -1,0 +1,164 @@
+"""Strategy selection for `strategy: auto`: Thompson sampling over per-position acceptance.
+
+Model, per schema and proposer strategy s:
+  c_i  = P(draft position i accepted | positions < i accepted), one Beta posterior per i,
+         pooled over every draft length K > i measured for s (the first k tokens a proposer
+         drafts do not depend on K). Successes: passes with i accepted; trials: passes with
+         i-1 accepted (i = 0: all passes) -- a draft cut short counts as a rejection, which is
+         what tokens-per-pass needs.
+  E[tokens/pass | s, k] = 1 + sum_{i<k} prod_{j<=i} c_j
+  t(s, k) seconds per pass, a line a + b*k fitted by weighted least squares to the measured
+         decode_s / target_passes of every arm of the schema, plus a per-strategy offset (the
+         proposer's own cost), with prior pseudo-passes that make the line grow with k.
+Pick argmax_{s,k} E / t with c_i sampled from its posterior (Thompson) or at its mean (the
+point estimate shown by the stats endpoint). `none` is the arm (none, 0): E = 1.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from structspec.stats.aggregate import ArmView
+
+PROPOSING = ("schema", "ngram", "composite")
+
+
+@dataclass(frozen=True)
+class SelectorConfig:
+    strategies: tuple[str, ...] = PROPOSING
+    draft_lens: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16)
+    include_none: bool = True
+    prior_alpha: float = 1.0  # Beta(1, 1) per position: a new schema explores every arm
+    prior_beta: float = 1.0
+    prior_pass_s: float = 0.05  # seconds per pass before anything is measured
+    prior_slope: float = 0.03  # relative growth of pass cost per draft token (prior)
+    prior_passes: float = 20.0  # weight of the cost prior, in passes, at k=0 and at k=prior_k
+    prior_k: int = 16
+    # A strategy whose decayed request count is below this is probed (at probe_draft_len)
+    # before Thompson sampling: a new schema tries every proposer once, and one left unused
+    # for ~log2(1/explore_floor) half-lives is tried again, so a traffic shift that favours
+    # an unused proposer is noticed. Thompson alone rarely revisits a proposer whose Beta(1,1)
+    # prior promises ~2 tokens/pass against a measured 6.
+    explore_floor: float = 0.5
+    probe_draft_len: int = 8
+
+
+@dataclass(frozen=True)
+class Choice:
+    strategy: str
+    draft_len: int
+
+
+class PassCost:
+    """Seconds per target pass as a function of (strategy, k)."""
+
+    def __init__(self, a: float, b: float, offsets: dict[str, float]):
+        self.a, self.b, self.offsets = a, b, offsets
+
+    def __call__(self, strategy: str, k: int) -> float:
+        return max(self.a + self.b * k + self.offsets.get(strategy, 0.0), 1e-9)
+
+    @classmethod
+    def fit(cls, arms: Iterable[ArmView], cfg: SelectorConfig) -> "PassCost":
+        obs = [(a.strategy, a.draft_len, a.decode_s / a.passes, a.passes) for a in arms if a.passes > 0]
+        # prior level: the data's level if any (hardware-specific), else the configured one
+        w_all = sum(w for *_, w in obs)
+        a0 = (sum(w * t / (1 + cfg.prior_slope * k) for _, k, t, w in obs) / w_all) if w_all else cfg.prior_pass_s
+        points = [(k, t, w) for _, k, t, w in obs]
+        points += [(0, a0, cfg.prior_passes), (cfg.prior_k, a0 * (1 + cfg.prior_slope * cfg.prior_k), cfg.prior_passes)]
+        a, b = _weighted_line(points)
+        b = max(b, 0.0)
+        offsets: dict[str, float] = {}
+        for s in {s for s, *_ in obs}:
+            rs = [(t - (a + b * k), w) for s2, k, t, w in obs if s2 == s]
+            # shrunk toward 0 by prior_passes pseudo-passes of zero residual
+            offsets[s] = sum(r * w for r, w in rs) / (sum(w for _, w in rs) + cfg.prior_passes)
+        return cls(a, b, offsets)
+
+
+def _weighted_line(points: Sequence[tuple[float, float, float]]) -> tuple[float, float]:
+    sw = sum(w for _, _, w in points)
+    mx = sum(w * x for x, _, w in points) / sw
+    my = sum(w * y for _, y, w in points) / sw
+    sxx = sum(w * (x - mx) ** 2 for x, _, w in points)
+    sxy = sum(w * (x - mx) * (y - my) for x, y, w in points)
+    b = sxy / sxx if sxx > 0 else 0.0
+    return my - b * mx, b
+
+
+def position_counts(arms: Iterable[ArmView], strategy: str, n: int) -> list[tuple[float, float]]:
+    """(successes, trials) of c_i for i < n, pooled over the strategy's arms with K > i."""
+    succ, trials = [0.0] * n, [0.0] * n
+    for a in arms:
+        if a.strategy != strategy:
+            continue
+        acc = a.accepted_by_position
+        for i in range(min(n, a.draft_len)):
+            s = acc[i] if i < len(acc) else 0.0
+            t = a.passes if i == 0 else (acc[i - 1] if i - 1 < len(acc) else 0.0)
+            succ[i] += min(s, t)
+            trials[i] += t
+    return list(zip(succ, trials))
+
+
+def expected_tokens_per_pass(c: Sequence[float], k: int) -> float:
+    total, run = 1.0, 1.0
+    for i in range(k):
+        run *= c[i]
+        total += run
+    return total
+
+
+class Selector:
+    def __init__(self, config: SelectorConfig | None = None):
+        self.cfg = config or SelectorConfig()
+
+    def choose(self, arms: Sequence[ArmView], rng: random.Random | None = None,
+               draft_len: int | None = None) -> Choice:
+        """Thompson sample (rng given) or posterior mean (rng None) of the best arm; with
+        `draft_len` given only the strategy is chosen, at that k (0: `none`)."""
+        if rng is not None:
+            probe = self.probe(arms, draft_len)
+            if probe is not None:
+                return probe
+        best = self.scores(arms, rng, draft_len)
+        return max(best, key=lambda item: item[1])[0]
+
+    def probe(self, arms: Sequence[ArmView], draft_len: int | None = None) -> Choice | None:
+        """The least-used proposer, if it is under the exploration floor."""
+        cfg = self.cfg
+        k = cfg.probe_draft_len if draft_len is None else draft_len
+        if k <= 0:
+            return None
+        used = {s: 0.0 for s in cfg.strategies}
+        for a in arms:
+            if a.strategy in used:
+                used[a.strategy] += a.requests
+        strategy = min(used, key=lambda s: used[s])  # ties: configured order
+        return Choice(strategy, k) if used[strategy] < cfg.explore_floor else None
+
+    def scores(self, arms: Sequence[ArmView], rng: random.Random | None = None,
+               draft_len: int | None = None) -> list[tuple[Choice, float]]:
+        """(arm, expected output tokens per second) for every candidate arm, in a fixed order."""
+        cfg = self.cfg
+        if draft_len is None:
+            ks, with_none = list(cfg.draft_lens), cfg.include_none
+        else:
+            ks, with_none = ([draft_len] if draft_len > 0 else []), draft_len == 0
+        cost = PassCost.fit(arms, cfg)
+        out: list[tuple[Choice, float]] = []
+        if with_none or not ks:
+            out.append((Choice("none", 0), 1.0 / cost("none", 0)))
+        if not ks:
+            return out
+        n = max(ks)
+        for s in cfg.strategies:
+            c = []
+            for succ, trials in position_counts(arms, s, n):
+                alpha, beta = cfg.prior_alpha + succ, cfg.prior_beta + max(trials - succ, 0.0)
+                c.append(rng.betavariate(alpha, beta) if rng is not None else alpha / (alpha + beta))
+            for k in ks:
+                out.append((Choice(s, k), expected_tokens_per_pass(c, k) / cost(s, k)))
+        return out
