@@ -129,7 +129,10 @@ class Selector:
     def probe(self, arms: Sequence[ArmView], draft_len: int | None = None) -> Choice | None:
         """The least-used proposer, if it is under the exploration floor."""
         cfg = self.cfg
-        k = cfg.probe_draft_len if draft_len is None else draft_len
+        if draft_len is None:  # a draft length the selector may choose, nearest the probe's
+            k = min(cfg.draft_lens, key=lambda d: (abs(d - cfg.probe_draft_len), d))
+        else:
+            k = draft_len
         if k <= 0:
             return None
         used = {s: 0.0 for s in cfg.strategies}

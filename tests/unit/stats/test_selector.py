@@ -191,3 +191,13 @@ def test_a_given_draft_len_fixes_k_and_the_selector_picks_only_the_strategy():
     picks = [Selector().choose(schema.views(), rng, draft_len=3) for _ in range(20)]
     assert {c.draft_len for c in picks} == {3} and "ngram" in {c.strategy for c in picks}
     assert Selector().choose(schema.views(), rng, draft_len=0) == Choice("none", 0)
+
+
+def test_every_pick_is_an_arm_of_the_configured_grid():
+    """Probing a new schema included: a grid without the probe's default k never gets it."""
+    cfg = SelectorConfig(draft_lens=(2, 4, 12))
+    schema, rng = SimulatedSchema(STRUCTURE_HEAVY), random.Random(11)
+    picks = run_many(schema, Selector(cfg), rng, 30)
+    assert {c.draft_len for c in picks} <= {0, 2, 4, 12}
+    assert {c.strategy for c in picks[:3]} == {"schema", "ngram", "composite"}  # probes first
+    assert {c.draft_len for c in picks[:3]} == {4}  # nearest to probe_draft_len=8, ties to the shorter
