@@ -12,6 +12,7 @@ lean code path as the speculative strategies and speedups are measured honestly.
 
 from __future__ import annotations
 
+import copy
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -90,6 +91,10 @@ class Decoder:
         self.token_text = token_text
         self.context_len = context_len
         self.device = next(model.parameters()).device
+        # Benchmarks run one document under many strategies: with memo_prefill on, the
+        # last prompt's KV cache is kept and copied for the same prompt (prefill is identical).
+        self.memo_prefill = False
+        self._memo: tuple[tuple[int, ...], DynamicCache] | None = None
 
     @torch.inference_mode()
     def forward(self, tokens: list[int], cache: DynamicCache) -> torch.Tensor:
@@ -98,11 +103,16 @@ class Decoder:
         out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
         return out.logits[0]
 
+    @torch.inference_mode()
     def prefill(self, prompt: list[int]) -> DynamicCache:
         """Cache of every prompt token but the last, which the first step feeds."""
+        key = tuple(prompt[:-1])
+        if self._memo is not None and self._memo[0] == key:
+            return copy.deepcopy(self._memo[1])
         cache = DynamicCache(config=self.model.config)
         if len(prompt) > 1:
             self.forward(prompt[:-1], cache)
+        self._memo = (key, copy.deepcopy(cache)) if self.memo_prefill else None
         return cache
 
     def run(self, prompt: list[int], matcher: Matcher, proposer: Proposer, document: str,

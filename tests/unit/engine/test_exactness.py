@@ -147,6 +147,21 @@ def test_document_with_no_ngram_matches(tiny_engine):
     assert res.tokens == base.tokens
 
 
+def test_memoised_prefill_gives_the_same_output_as_a_fresh_one(tiny_loaded):
+    """Benchmarks reuse one prefill for every strategy of a document; the cropped caches of
+    earlier runs must not leak into later ones."""
+    from structspec.engine.engine import Engine
+
+    fresh, memo = Engine(tiny_loaded, kernel_backend="torch"), Engine(tiny_loaded, kernel_backend="torch")
+    memo.decoder.memo_prefill = True
+    for row in deepjsoneval_rows(2):
+        base = run(fresh, row["schema"], row["text"], max_tokens=32)
+        for strategy in ("none", "composite", "ngram", "none"):
+            res = run(memo, row["schema"], row["text"], strategy, max_tokens=32)
+            assert res.tokens == base.tokens, (row["id"], strategy)
+        assert memo.decoder._memo is not None
+
+
 def test_successful_results_validate_against_schema(tiny_engine):
     schema = {"type": "object", "properties": {"paid": {"enum": ["cash", "card"]},
                                                "n": {"type": "integer"}, "ok": {"type": "boolean"}},
