@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench bench-kernels clean
+.PHONY: install demo test test-fast bench bench-auto bench-kernels clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ test-fast: install
 bench: install
 	$(VENV)/bin/structspec bench strategies --dataset ../shared/data/deepjsoneval_en.jsonl \
 		--limit 20 --max-chars 4500 --max-tokens 384 --draft-len 8 --threads 1 --out bench-out
+
+# auto after a warm-up against every fixed (strategy, k) of its grid, interleaved (~35 min on CPU).
+bench-auto: install
+	$(VENV)/bin/structspec bench auto --dataset ../shared/data/deepjsoneval_en.jsonl \
+		--warmup 8 --limit 10 --max-chars 4500 --max-tokens 256 --threads 1 --out bench-out
 
 bench-kernels: install
 	$(PY) -m kernels.bench

@@ -92,6 +92,7 @@ def run_strategy_bench(args, engine: Engine) -> int:
         print(f"structspec: error: {e}", file=sys.stderr)
         return 2
     records: list[dict] = []
+    engine.decoder.memo_prefill = True  # every strategy of a document shares one prefill
     t0 = time.perf_counter()
     with tqdm(total=len(rows) * len(strategies), desc="bench", unit="run", file=sys.stderr) as bar:
         for row in rows:
