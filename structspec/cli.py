@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -64,8 +65,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     from structspec.engine.proposers import STRATEGIES  # light: no torch at CLI start-up
 
-    p.add_argument("--strategy", choices=STRATEGIES, default=defaults.strategy)
-    p.add_argument("--draft-len", type=int, default=defaults.draft_len, metavar="K")
+    p.add_argument("--strategy", choices=("auto",) + tuple(STRATEGIES), default=defaults.job_strategy,
+                   help="auto picks strategy and k per document from the schema's statistics in the "
+                        "local database [env STRUCTSPEC_JOB_STRATEGY; default %(default)s]")
+    p.add_argument("--draft-len", type=int, metavar="K",
+                   help=f"tokens drafted per step; with auto it fixes k and only the strategy is chosen "
+                        f"(default: auto chooses k; {defaults.draft_len} for a fixed strategy)")
     p.add_argument("--temperature", type=float, default=0.0, metavar="T")
     p.add_argument("--seed", type=int, metavar="S")
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N")
@@ -82,21 +87,30 @@ def cmd_extract(args) -> int:
     except SchemaError as e:
         raise CliError(f"schema {args.schema} cannot be used: {e}") from None
     documents = [(p, read_document(p)) for p in args.documents]
-    opts = ExtractOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
-                          seed=args.seed, max_tokens=args.max_tokens)
+    auto = args.strategy == "auto"
+    settings = settings_from(args)
+    opts = ExtractOptions(strategy="none" if auto else args.strategy,
+                          draft_len=settings.draft_len if args.draft_len is None else args.draft_len,
+                          temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
     try:
         opts.check()
     except ValueError as e:
         raise CliError(str(e)) from None
-    engine = build_engine(settings_from(args))
+    local = open_local_stats(settings, schema, args.schema) if auto else None
+    engine = build_engine(settings)
     failed = 0
     for path, text in documents:
+        if local is not None:
+            choice, why = local.choose(args.draft_len)
+            opts = dataclasses.replace(opts, strategy=choice.strategy, draft_len=choice.draft_len)
         try:
             res = engine.extract(schema, text, opts)
         except DocumentTooLong as e:
             print(f"structspec: {path}: {e}", file=sys.stderr)
             failed += 1
             continue
+        if local is not None:
+            local.record(res.stats.as_dict(), res.stats.wall_s)
         if res.status == "succeeded":
             print(json.dumps(res.value, ensure_ascii=False), flush=True)
         else:
@@ -104,14 +118,41 @@ def cmd_extract(args) -> int:
             print(f"structspec: {path}: {res.status}: {res.error}", file=sys.stderr)
         if args.stats:
             st = {k: v for k, v in res.stats.as_dict().items() if not k.endswith("_by_position")}
-            print(json.dumps({"document": path, "status": res.status, **st}), file=sys.stderr, flush=True)
+            picked = {"selected_by": why} if local is not None else {}
+            print(json.dumps({"document": path, "status": res.status, **st, **picked}), file=sys.stderr,
+                  flush=True)
     return 1 if failed else 0
+
+
+def open_local_stats(settings: Settings, schema: dict, path: str):
+    """The local database's statistics for `schema`; a CliError naming the database if it fails."""
+    from sqlalchemy.engine import make_url
+
+    from structspec.db.session import normalize_database_url
+    from structspec.stats.local import LocalStats, cli_schema_name
+
+    try:
+        local = LocalStats(settings, schema, cli_schema_name(path))
+    except Exception as e:  # an unreachable or unwritable database: say which, suggest the way out
+        shown = make_url(normalize_database_url(settings.database_url)).render_as_string(hide_password=True)
+        raise CliError(f"--strategy auto keeps statistics in {shown}, which failed: "
+                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                       f"(set STRUCTSPEC_DATABASE_URL, or pick a fixed --strategy)") from None
+    print(f"structspec: strategy auto: statistics of schema {local.name} in the local database",
+          file=sys.stderr, flush=True)
+    return local
 
 
 def cmd_bench_strategies(args) -> int:
     from structspec.bench.strategies import run_strategy_bench
 
     return run_strategy_bench(args, build_engine(settings_from(args)))
+
+
+def cmd_bench_auto(args) -> int:
+    from structspec.bench.auto import run_auto_bench
+
+    return run_auto_bench(args, build_engine(settings_from(args)))
 
 
 def cmd_bench_kernels(args) -> int:
@@ -172,6 +213,56 @@ def cmd_worker(args) -> int:
     return 0
 
 
+def client_options(args) -> dict:
+    """The job options given on the command line (the server's defaults fill the rest)."""
+    names = ("strategy", "draft_len", "temperature", "seed", "max_tokens")
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def run_client(args, work) -> int:
+    from structspec.client import Client, ClientError
+
+    schema = read_json_file(args.schema, "schema")
+    try:
+        with Client(args.server) as client:
+            registered = client.register(args.schema, schema)
+            print(f"structspec: schema {registered['name']} v{registered['version']} ({registered['id']})",
+                  file=sys.stderr, flush=True)
+            return work(client, str(registered["id"]))
+    except ClientError as e:
+        raise CliError(str(e)) from None
+
+
+def cmd_submit(args) -> int:
+    from structspec.client import submit
+
+    documents = [(p, read_document(p)) for p in args.documents]
+    return run_client(args, lambda client, sid: submit(client, sid, documents, client_options(args), args.stats))
+
+
+def cmd_batch(args) -> int:
+    from structspec.client import batch
+
+    try:
+        ndjson = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as e:
+        raise CliError(f"cannot read {args.file}: {e.strerror}") from None
+    return run_client(args, lambda client, sid: batch(client, sid, ndjson, client_options(args)))
+
+
+def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
+    from structspec.engine.proposers import STRATEGIES
+
+    p.add_argument("--schema", required=True, help="JSON Schema file (registered under its file name)")
+    p.add_argument("--server", default=f"http://{defaults.host}:{defaults.port}",
+                   help="base URL of `structspec serve` (default %(default)s)")
+    p.add_argument("--strategy", choices=("auto",) + tuple(STRATEGIES), help="default: the server's")
+    p.add_argument("--draft-len", type=int, metavar="K")
+    p.add_argument("--temperature", type=float, metavar="T")
+    p.add_argument("--seed", type=int, metavar="S")
+    p.add_argument("--max-tokens", type=int, metavar="N")
+
+
 def cmd_demo(args) -> int:
     from structspec.demo import run_demo
 
@@ -206,6 +297,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write per-document records (JSON) here")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_strategies)
+    p = bench.add_parser("auto", help="the auto selector against every fixed (strategy, k) arm it chooses from",
+                         description="Warm the selector up on the first --warmup documents (auto alone), then run "
+                                     "none, every fixed arm and auto interleaved on the next --limit documents and "
+                                     "compare decode throughput. Statistics are pooled for the whole dataset.")
+    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
+    p.add_argument("--warmup", type=int, default=8, help="documents run with auto alone first")
+    p.add_argument("--limit", type=int, default=10, help="measured documents after the warm-up")
+    p.add_argument("--strategies", default="schema,ngram,composite", help="proposers in the grid")
+    p.add_argument("--draft-lens", default="2,4,8,12", help="draft lengths in the grid")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
+    p.add_argument("--half-life", type=float, default=defaults.stats_half_life,
+                   help="selector decay, in requests [env STRUCTSPEC_STATS_HALF_LIFE]")
+    p.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
+    p.add_argument("--out", help="write per-document records (JSON) here")
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench_auto)
     p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench_kernels)
@@ -236,6 +344,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loglevel", default="INFO")
     p.add_argument("--hostname", help="Celery node name (default celery@HOST)")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("submit", help="send documents to a running server, one job each, and wait",
+                       description="Register --schema on the server, submit one extraction job per document, "
+                                   "show progress until all are finished, and print one JSON value per "
+                                   "succeeded document (failures on stderr, exit status 1).")
+    p.add_argument("documents", nargs="+", metavar="DOC", help="text files ('-' for stdin)")
+    p.add_argument("--stats", action="store_true", help="print each job's statistics to stderr")
+    add_client_args(p, defaults)
+    p.set_defaults(func=cmd_submit)
+
+    p = sub.add_parser("batch", help="send an NDJSON file to a running server as one batch, and wait",
+                       description="Register --schema on the server, upload FILE (one {\"id\"?, \"document\"} "
+                                   "per line) as a batch, show progress until it is finished, and print the "
+                                   "NDJSON results in input order. Rejected lines are reported on stderr.")
+    p.add_argument("file", metavar="FILE.ndjson", help="NDJSON documents ('-' for stdin)")
+    add_client_args(p, defaults)
+    p.set_defaults(func=cmd_batch)
 
     p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a receipt batch",
                        description="Start the API server and one worker as subprocesses (SQLite + embedded "

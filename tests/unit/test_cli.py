@@ -52,9 +52,62 @@ def test_bad_option_value(capsys, tmp_path):
     assert code == 2 and "draft_len must be between 0 and 64" in err
 
 
+def test_auto_strategy_learns_in_the_local_database(capsys, monkeypatch, tmp_path, tiny_engine):
+    """`extract` defaults to auto: the schema file is registered once in the local database,
+    each document's (strategy, k) is drawn by the selector, and its stats are stored."""
+    import structspec.cli as cli
+    from structspec.config import Settings
+    from structspec.db.repositories import SchemaRepository
+    from structspec.db.session import make_engine, make_session_factory
+    from structspec.db.stats import StatsRepository
+
+    monkeypatch.setenv("STRUCTSPEC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("STRUCTSPEC_DATABASE_URL", raising=False)
+    monkeypatch.delenv("STRUCTSPEC_JOB_STRATEGY", raising=False)
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_engine)
+    schema = tmp_path / "my receipt.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"paid": {"enum": ["cash", "card"]}},
+                                  "required": ["paid"]}))
+    doc = tmp_path / "d.txt"
+    doc.write_text("Paid by card")
+    lines = []
+    for _ in range(2):  # a second run finds the same registered schema
+        assert main(["extract", "--schema", str(schema), str(doc), str(doc), "--stats", "--max-tokens", "24"]) == 0
+        err = capsys.readouterr().err
+        assert "statistics of schema cli.my_receipt v1" in err
+        lines += [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert [x["selected_by"] for x in lines] == ["selected"] * 4
+    # a new schema probes every proposer first, at a draft length of the configured grid
+    assert {x["strategy"] for x in lines[:3]} == {"schema", "ngram", "composite"}
+
+    sessions = make_session_factory(make_engine(Settings.from_env().database_url))
+    with sessions() as session:
+        record = SchemaRepository(session).get_by_name("cli.my_receipt")
+        assert record.version == 1
+        arms = StatsRepository(session).arms(record.id)
+    assert sum(a.requests for a in arms) == 4
+    assert sum(a.output_tokens for a in arms) == sum(x["output_tokens"] for x in lines)
+    assert sum(a.target_passes for a in arms) == sum(x["target_passes"] for x in lines)
+    assert {(a.strategy, a.draft_len) for a in arms} == {(x["strategy"], x["draft_len"]) for x in lines}
+
+
+def test_auto_strategy_with_an_unusable_database_is_a_clear_error(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("STRUCTSPEC_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object"}))
+    doc = tmp_path / "d.txt"
+    doc.write_text("x")
+    code, err = run_cli(capsys, "extract", "--schema", str(schema), str(doc))
+    assert code == 2 and "--strategy auto keeps statistics in postgresql" in err
+    assert "pick a fixed --strategy" in err
+
+
 @pytest.mark.model
-def test_extract_prints_schema_valid_json_per_document(capsys):
+def test_extract_prints_schema_valid_json_per_document(capsys, monkeypatch, tmp_path):
     from pathlib import Path
+
+    monkeypatch.setenv("STRUCTSPEC_DATA_DIR", str(tmp_path))  # auto's statistics stay out of $HOME
+    monkeypatch.delenv("STRUCTSPEC_DATABASE_URL", raising=False)
 
     from structspec.grammar import validate_instance
 
