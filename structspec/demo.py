@@ -115,6 +115,11 @@ def run_demo(args) -> int:
                 for line in results.iter_lines():
                     if line:
                         print(line, flush=True)
+            schema_id = batch["schema_id"]
+            stats = http.get(f"/v1/schemas/{schema_id}/stats")
+            stats.raise_for_status()
+            for line in acceptance_summary(stats.json()):
+                say(line)
         say(f"done: batch {batch['status']}")
         return 0 if batch["status"] == "succeeded" else 1
     except KeyboardInterrupt:
@@ -129,6 +134,21 @@ def run_demo(args) -> int:
         signal.signal(signal.SIGTERM, previous)
         if not keep:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def acceptance_summary(stats: dict) -> list[str]:
+    """The schema's per-(strategy, k) acceptance as aligned text lines (from /v1/schemas/{id}/stats)."""
+    rows = [("strategy", "k", "docs", "tokens", "passes", "accepted", "tokens/pass", "tokens/s")]
+    for a in stats["strategies"]:
+        rows.append((a["strategy"], str(a["draft_len"]), str(a["requests"]), str(a["output_tokens"]),
+                     str(a["target_passes"]), f"{a['acceptance_rate']:.0%}", f"{a['tokens_per_pass']:.2f}",
+                     f"{a['tokens_per_second']:.1f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["acceptance by strategy (auto picks per document, learning as it goes):"]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    sel = stats.get("selected") or {}
+    lines.append(f"auto would now pick: {sel.get('strategy')} k={sel.get('draft_len')}")
+    return lines
 
 
 def _raise_interrupt(*_):

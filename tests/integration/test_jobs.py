@@ -203,6 +203,47 @@ def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack):
 
 # --- input errors ----------------------------------------------------------------------------
 
+# --- the command-line client (structspec submit / batch) against the same stack -------------
+
+def test_client_submit_prints_each_result_and_batch_streams_results(stack, tmp_path, capsys):
+    from structspec.client import Client, batch, submit
+
+    with Client("http://testserver", http=stack.client) as client:
+        schema_id = str(client.register(str(tmp_path / "tiny.json"), TINY_SCHEMA)["id"])
+        docs = [("a.txt", "label a, ok"), ("b.txt", "label b, not ok")]
+        assert submit(client, schema_id, docs, {"strategy": "ngram", "draft_len": 3}, show_stats=True,
+                      poll_s=0.1) == 0
+        out, err = capsys.readouterr()
+        values = [json.loads(x) for x in out.splitlines()]
+        assert len(values) == 2 and all(valid(v) for v in values)
+        stats = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+        assert [x["document"] for x in stats] == ["a.txt", "b.txt"]
+        assert {(x["strategy"], x["draft_len"]) for x in stats} == {("ngram", 3)}
+
+        ndjson = b'{"id": "x", "document": "one"}\n{broken\n{"id": "y", "document": "two"}\n'
+        assert batch(client, schema_id, ndjson, {"max_tokens": 64}, poll_s=0.1) == 1  # a line was rejected
+        out, err = capsys.readouterr()
+        lines = [json.loads(x) for x in out.splitlines()]
+        assert [x["id"] for x in lines] == ["x", "y"]
+        assert all(x["status"] == "succeeded" and valid(x["result"]) for x in lines)
+        assert "line 2 rejected" in err
+
+
+def test_client_reports_an_unreachable_server_and_api_errors_in_one_line():
+    from structspec.client import Client, ClientError
+
+    with Client("http://127.0.0.1:1") as client, pytest.raises(ClientError, match="cannot reach the structspec server"):
+        client.register("s.json", TINY_SCHEMA)
+
+
+def test_client_names_the_problem_the_api_reports(stack):
+    from structspec.client import Client, ClientError
+
+    with Client("http://testserver", http=stack.client) as client:
+        with pytest.raises(ClientError, match=r"422 .*uniqueItems"):
+            client.register("bad.json", {"type": "array", "uniqueItems": True})
+
+
 def test_submit_errors_are_4xx_in_the_error_shape(stack):
     c = stack.client
     assert "no schema" in assert_error(c.post("/v1/extractions", json={"schema_id": str(uuid.uuid4()),

@@ -1,0 +1,129 @@
+"""`structspec submit` and `structspec batch`: a command-line client of a running server.
+
+Both register the schema file (by content: the same file again reuses its version), send the
+work, show a progress bar on stderr until every document is finished, and print results on
+stdout. `submit` prints one JSON value per succeeded document, like `extract`; `batch` prints
+the server's NDJSON result lines in input order. Either exits 1 if a document did not succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+class ClientError(Exception):
+    """The server is unreachable or refused the request: printed as one line, exit 2."""
+
+
+def schema_name(path: str) -> str:
+    """A registry name from the file's stem: characters the registry refuses become `_`."""
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", Path(path).stem).strip(".") or "schema"
+    return stem[:200]
+
+
+class Client:
+    def __init__(self, server: str, timeout: float = 30.0, http: httpx.Client | None = None):
+        """`http` replaces the connection (tests pass Litestar's TestClient, an httpx.Client)."""
+        self.server = server.rstrip("/")
+        self._own = http is None
+        self.http = http or httpx.Client(base_url=self.server, timeout=timeout)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._own:
+            self.http.close()
+
+    def call(self, method: str, path: str, **kw) -> Any:
+        """The decoded JSON body; a ClientError naming the server's `message` and `errors`."""
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as e:
+            raise ClientError(f"cannot reach the structspec server at {self.server}: {e} "
+                              f"(start one with `structspec serve`, or pass --server)") from None
+        if r.status_code >= 400:
+            raise ClientError(f"{method} {path}: {r.status_code} {_problem(r)}")
+        return r.json() if r.content else None
+
+    def register(self, schema_path: str, schema: dict) -> dict:
+        return self.call("POST", "/v1/schemas", json={"name": schema_name(schema_path), "schema": schema})
+
+
+def _problem(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text[:500]
+    detail = "; ".join(f"{e.get('path') or ''} {e.get('message')}".strip() for e in body.get("errors") or [])
+    return body.get("message", "") + (f" ({detail})" if detail else "")
+
+
+def submit(client: Client, schema_id: str, documents: list[tuple[str, str]], options: dict[str, Any],
+           show_stats: bool, poll_s: float = 0.5) -> int:
+    """One job per document; waits for all; 0 if every one succeeded, else 1."""
+    jobs = [client.call("POST", "/v1/extractions",
+                        json={"schema_id": schema_id, "document": text, **({"options": options} if options else {})})
+            for _, text in documents]
+    done: dict[str, dict] = {}
+    with tqdm(total=len(jobs), desc="submit", unit="doc", file=sys.stderr) as bar:
+        while len(done) < len(jobs):
+            for job in jobs:
+                if job["id"] not in done:
+                    current = client.call("GET", f"/v1/extractions/{job['id']}")
+                    if current["status"] in FINISHED:
+                        done[job["id"]] = current
+                        bar.update(1)
+            if len(done) < len(jobs):
+                time.sleep(poll_s)
+    failed = 0
+    for (path, _), job in zip(documents, jobs):
+        res = done[job["id"]]
+        if res["status"] == "succeeded":
+            print(json.dumps(res["result"], ensure_ascii=False), flush=True)
+        else:
+            failed += 1
+            print(f"structspec: {path}: {res['status']}: {res.get('error')}", file=sys.stderr)
+        if show_stats:
+            print(json.dumps({"document": path, "id": res["id"], "status": res["status"],
+                              **(res.get("stats") or {}), **(res.get("timings") or {})}), file=sys.stderr)
+    return 1 if failed else 0
+
+
+def batch(client: Client, schema_id: str, ndjson: bytes, options: dict[str, Any], poll_s: float = 1.0) -> int:
+    """Upload NDJSON as one batch; report rejected lines; wait; stream results. 0 if succeeded."""
+    params = {"schema_id": schema_id, **{k: str(v) for k, v in options.items()}}
+    created = client.call("POST", "/v1/batches", params=params, content=ndjson,
+                          headers={"content-type": "application/x-ndjson"})
+    for r in created.get("rejected") or []:
+        print(f"structspec: line {r.get('line', r.get('index'))} rejected: {r['message']}", file=sys.stderr)
+    batch_id = created["id"]
+    print(f"structspec: batch {batch_id}: {created['total']} documents", file=sys.stderr, flush=True)
+    with tqdm(total=created["total"], desc="batch", unit="doc", file=sys.stderr) as bar:
+        while True:
+            b = client.call("GET", f"/v1/batches/{batch_id}")
+            finished = sum(b["counts"].get(s, 0) for s in FINISHED)
+            bar.update(finished - bar.n)
+            bar.set_postfix({k: v for k, v in b["counts"].items() if v})
+            if b["finished_at"] is not None:
+                break
+            time.sleep(poll_s)
+    try:
+        with client.http.stream("GET", f"/v1/batches/{batch_id}/results") as results:
+            for line in results.iter_lines():
+                if line:
+                    print(line, flush=True)
+    except httpx.TransportError as e:
+        raise ClientError(f"lost the server while reading results of batch {batch_id}: {e}") from None
+    print(f"structspec: batch {batch_id}: {b['status']}", file=sys.stderr)
+    return 0 if b["status"] == "succeeded" and not created.get("rejected") else 1
