@@ -14,6 +14,7 @@ from structspec.engine.prompt import build_prompt
 from structspec.engine.proposers import STRATEGIES, make_proposer
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, make_backend, validate_instance
+from structspec.grammar.verbatim import uses_verbatim
 
 
 
@@ -24,6 +25,7 @@ class ExtractOptions:
     temperature: float = 0.0
     seed: int | None = None
     max_tokens: int = 1024
+    verbatim: bool = False  # plain string fields only copy spans of the document (grammar/verbatim.py)
 
     def check(self) -> None:
         """Raise ValueError naming the first bad option."""
@@ -52,17 +54,18 @@ class ExtractStats:
     decode_s: float
     wall_s: float
     stop_reason: str
+    verbatim: bool = False  # some string of the grammar was limited to document spans
     accepted_by_position: list[int] = field(default_factory=list)
     proposed_by_position: list[int] = field(default_factory=list)
 
     @classmethod
     def build(cls, opts: ExtractOptions, prompt_tokens: int, s: DecodeStats, stop: str,
-              wall_s: float) -> "ExtractStats":
+              wall_s: float, verbatim: bool = False) -> "ExtractStats":
         return cls(strategy=opts.strategy, draft_len=opts.draft_len, prompt_tokens=prompt_tokens,
                    output_tokens=s.output_tokens, target_passes=s.target_passes, proposed=s.proposed,
                    accepted=s.accepted, acceptance_rate=round(s.acceptance_rate, 4),
                    tokens_per_pass=round(s.tokens_per_pass, 4), prefill_s=round(s.prefill_s, 4),
-                   decode_s=round(s.decode_s, 4), wall_s=round(wall_s, 4), stop_reason=stop,
+                   decode_s=round(s.decode_s, 4), wall_s=round(wall_s, 4), stop_reason=stop, verbatim=verbatim,
                    accepted_by_position=s.accepted_by_position,
                    proposed_by_position=s.proposed_by_position)
 
@@ -113,7 +116,7 @@ class Engine:
         opts = opts or ExtractOptions()
         opts.check()
         t0 = time.perf_counter()
-        grammar = self.compile(schema)
+        grammar = self.grammars.get_for(schema, document, opts.verbatim)
         prompt = build_prompt(self.loaded.tokenizer, schema, document, self.loaded.context_len)
         proposer = proposer or make_proposer(opts.strategy)
         out = self.decoder.run(prompt, grammar.matcher(), proposer, document,
@@ -121,7 +124,8 @@ class Engine:
                                              seed=opts.seed, max_tokens=opts.max_tokens,
                                              kernel_backend=self.kernel_backend))
         text = self.token_text.text_of(out.tokens)
-        stats = ExtractStats.build(opts, len(prompt), out.stats, out.stop_reason, time.perf_counter() - t0)
+        stats = ExtractStats.build(opts, len(prompt), out.stats, out.stop_reason, time.perf_counter() - t0,
+                                   verbatim=uses_verbatim(schema, opts.verbatim))
         if not out.finished:
             why = ("max_tokens reached" if out.stop_reason == "max_tokens"
                    else "the model's context is full")

@@ -31,7 +31,10 @@ def check_schema(schema: dict) -> None:
     at registration. Raises SchemaError naming keyword and JSON path."""
     from structspec.grammar.llguidance_backend import build_grammar
 
+    from structspec.grammar.verbatim import check_annotations
+
     check_meta_schema(schema)
+    check_annotations(schema)
     build_grammar(close_objects(schema))
 
 
@@ -65,7 +68,26 @@ class GrammarCache:
                 self._items.move_to_end(key)
                 return self._items[key]
         check_meta_schema(schema)
-        compiled = self.backend.compile(close_objects(schema))
+        return self._put(key, self.backend.compile(close_objects(schema)))
+
+    def get_for(self, schema: dict, document: str, verbatim: bool) -> CompiledGrammar:
+        """The grammar a request runs under: the schema's own, or, when some string of it is
+        verbatim (the request's `verbatim` default or the schema's annotations), one compiled
+        for this document (a few ms; cached too, since benchmarks reuse a document)."""
+        from structspec.grammar.verbatim import check_annotations, uses_verbatim
+
+        if not uses_verbatim(schema, verbatim):
+            return self.get(schema)
+        key = f"{schema_hash(schema)}:{verbatim}:{hashlib.sha256(document.encode()).hexdigest()}"
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        check_meta_schema(schema)
+        check_annotations(schema)
+        return self._put(key, self.backend.compile_verbatim(close_objects(schema), document, verbatim))
+
+    def _put(self, key: str, compiled: CompiledGrammar) -> CompiledGrammar:
         with self._lock:
             self._items[key] = compiled
             while len(self._items) > self._max:

@@ -84,3 +84,7 @@ class GrammarBackend(Protocol):
     def compile(self, schema: dict) -> CompiledGrammar:
         """Compile `schema`; raise SchemaError naming the keyword and path on failure."""
 
+    def compile_verbatim(self, schema: dict, document: str, default: bool) -> CompiledGrammar:
+        """Compile `schema` with its verbatim strings limited to spans of `document`
+        (grammar/verbatim.py); `default` is the request's verbatim option."""
+

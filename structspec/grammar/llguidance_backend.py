@@ -75,6 +75,18 @@ class LLGuidanceBackend:
     def compile(self, schema: dict) -> LLGuidanceGrammar:
         return LLGuidanceGrammar(self.tokenizer, build_grammar(schema, self.tokenizer))
 
+    def compile_verbatim(self, schema: dict, document: str, default: bool) -> LLGuidanceGrammar:
+        """`schema` with its verbatim strings limited to spans of `document` (verbatim.py)."""
+        from structspec.grammar.verbatim import build_lark
+
+        lark = build_lark(schema, document, default, JSON_OPTIONS)
+        grammar = LLMatcher.grammar_from_lark(lark)
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        if is_error:
+            raise SchemaError([SchemaProblem("", f"verbatim grammar: {messages[0].strip().splitlines()[0]}",
+                                             "x-structspec-verbatim")])
+        return LLGuidanceGrammar(self.tokenizer, grammar)
+
 
 def build_grammar(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> str:
     """The llguidance grammar for `schema`; raises SchemaError. Needs no tokenizer to check."""

@@ -363,6 +363,10 @@ class OutlinesBackend:
         self.vocabulary = build_vocabulary(self.token_bytes, self.eos_token_id)
         self.probe_base = self.vocab_size  # byte probe tokens: vocab_size + b
 
+    def compile_verbatim(self, schema: dict, document: str, default: bool) -> OutlinesGrammar:
+        raise SchemaError([SchemaProblem("", "verbatim extraction needs the llguidance grammar backend "
+                                             "(outlines has no substring constraint)", "x-structspec-verbatim")])
+
     def compile(self, schema: dict) -> OutlinesGrammar:
         problems = unsupported_problems(schema)
         if problems:
