@@ -119,7 +119,7 @@ class ArmStatsRecord(Base):
 
     schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id", ondelete="CASCADE"),
                                                  primary_key=True)
-    strategy: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    strategy: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     draft_len: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     requests: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(sa.BigInteger, default=0)
@@ -148,7 +148,7 @@ class PositionStatsRecord(Base):
     )
 
     schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True)
-    strategy: Mapped[str] = mapped_column(sa.String(16), primary_key=True)
+    strategy: Mapped[str] = mapped_column(sa.String(32), primary_key=True)
     draft_len: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     position: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
     proposed: Mapped[int] = mapped_column(sa.BigInteger, default=0)

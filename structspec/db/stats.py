@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 
 from structspec.db.columns import utcnow
 from structspec.db.models import ArmStatsRecord, PositionStatsRecord, SchemaRecord, StrategyPinRecord
-from structspec.stats.aggregate import LATENCY_BUCKETS, ArmAggregate, ArmView
+from structspec.stats.aggregate import LATENCY_BUCKETS, ArmAggregate, ArmView, arm_strategy
 
 A, P = ArmStatsRecord, PositionStatsRecord
 
@@ -31,7 +31,7 @@ class StatsRepository:
 
     def record(self, schema_id: uuid.UUID, stats: dict[str, Any], *, half_life: float,
                latency_s: float | None = None) -> None:
-        strategy, draft_len = stats["strategy"], int(stats["draft_len"])
+        strategy, draft_len = arm_strategy(stats), int(stats["draft_len"])
         self._insert_absent(schema_id, strategy, draft_len)
         row = self.session.scalars(
             sa.select(ArmStatsRecord).where(A.schema_id == schema_id, A.strategy == strategy, A.draft_len == draft_len)

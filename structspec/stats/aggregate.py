@@ -18,6 +18,26 @@ from typing import Any
 LATENCY_BUCKETS: tuple[float, ...] = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
+# Verbatim requests (grammar/verbatim.py) accept drafts very differently from free ones, so
+# their arms are kept apart: strategy "ngram" of a verbatim request is stored as "ngram+verbatim".
+VERBATIM = "+verbatim"
+
+
+def arm_strategy(stats: dict[str, Any]) -> str:
+    """The strategy under which a job's stats are stored: verbatim jobs get their own arms."""
+    return stats["strategy"] + (VERBATIM if stats.get("verbatim") else "")
+
+
+def mode_views(views: list["ArmView"], verbatim: bool) -> list["ArmView"]:
+    """The arms of one mode, named by their plain strategy (what the selector knows)."""
+    out = []
+    for v in views:
+        if v.strategy.endswith(VERBATIM) == verbatim:
+            plain = v.strategy[:-len(VERBATIM)] if verbatim else v.strategy
+            out.append(ArmView(plain, v.draft_len, v.passes, v.decode_s, v.accepted_by_position, v.requests))
+    return out
+
+
 def decay_factor(half_life: float, steps: float) -> float:
     """gamma ** steps with gamma = 0.5 ** (1 / half_life); half_life <= 0 means no decay."""
     if half_life <= 0 or steps <= 0:

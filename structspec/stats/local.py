@@ -39,12 +39,13 @@ class LocalStats:
         self.schema_id: uuid.UUID = registered.id
         self.name = f"{registered.name} v{registered.version}"
 
-    def choose(self, draft_len: int | None = None) -> tuple[Choice, str]:
+    def choose(self, draft_len: int | None = None, verbatim: bool = False) -> tuple[Choice, str]:
         """A Thompson draw (or the schema's pin), as the worker makes it for a job."""
         from structspec.stats.resolve import choose
 
         with self.sessions() as session:
-            return choose(session, self.settings, self.schema_id, job_id=uuid.uuid4(), draft_len=draft_len)
+            return choose(session, self.settings, self.schema_id, job_id=uuid.uuid4(), draft_len=draft_len,
+                          verbatim=verbatim)
 
     def record(self, stats: dict[str, Any], latency_s: float) -> None:
         from structspec.db.stats import StatsRepository

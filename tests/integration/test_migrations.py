@@ -64,3 +64,36 @@ def test_schemas_table_enforces_unique_name_and_version(empty_database_url):
             raise AssertionError("a second (name, version) row was accepted")
     finally:
         engine.dispose()
+
+
+def test_widening_the_stats_strategy_keeps_every_row(empty_database_url):
+    """0004 rebuilds the stats tables on SQLite; no row may be lost to the cascading foreign key."""
+    url = empty_database_url
+    migrate.upgrade(url, "0003")
+    engine = make_engine(url)
+    sid = "0" * 32 if url.startswith("sqlite") else "00000000-0000-0000-0000-000000000000"
+    arm = ("INSERT INTO schema_arm_stats (schema_id, strategy, draft_len, requests, output_tokens, target_passes, "
+           "proposed, accepted, decode_s, latency_s_sum, latency_buckets, d_requests, d_passes, d_decode_s, "
+           "seen_at, updated_at) VALUES (:sid, :s, 4, 1, 10, 3, 8, 7, 0.5, 0.6, '[]', 1, 3, 0.5, 1, CURRENT_TIMESTAMP)")
+    pos = ("INSERT INTO schema_position_stats (schema_id, strategy, draft_len, position, proposed, accepted, d_accepted) "
+           "VALUES (:sid, :s, 4, :p, 3, 2, 2)")
+    counts = "SELECT (SELECT count(*) FROM schema_arm_stats), (SELECT count(*) FROM schema_position_stats)"
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO schemas (id, name, version, body, hash, created_at, updated_at) "
+                                 "VALUES (:sid, 'n', 1, '{}', 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"), {"sid": sid})
+            conn.execute(sa.text(arm), {"sid": sid, "s": "ngram"})
+            for p in range(4):
+                conn.execute(sa.text(pos), {"sid": sid, "s": "ngram", "p": p})
+        engine.dispose()
+        migrate.upgrade(url, "0004")
+        with engine.begin() as conn:
+            assert tuple(conn.execute(sa.text(counts)).one()) == (1, 4)
+            conn.execute(sa.text(arm), {"sid": sid, "s": "composite+verbatim"})  # 18 characters now fit
+            conn.execute(sa.text(pos), {"sid": sid, "s": "composite+verbatim", "p": 0})
+        engine.dispose()
+        migrate.downgrade(url, "0003")  # verbatim arms go, the rest stays
+        with engine.begin() as conn:
+            assert tuple(conn.execute(sa.text(counts)).one()) == (1, 4)
+    finally:
+        engine.dispose()

@@ -201,3 +201,18 @@ def test_every_pick_is_an_arm_of_the_configured_grid():
     assert {c.draft_len for c in picks} <= {0, 2, 4, 12}
     assert {c.strategy for c in picks[:3]} == {"schema", "ngram", "composite"}  # probes first
     assert {c.draft_len for c in picks[:3]} == {4}  # nearest to probe_draft_len=8, ties to the shorter
+
+
+def test_verbatim_jobs_fold_into_their_own_arms_and_the_selector_sees_one_mode():
+    from structspec.stats.aggregate import arm_strategy, mode_views
+
+    job = {"strategy": "ngram", "draft_len": 4, "output_tokens": 10, "target_passes": 2, "proposed": 8,
+           "accepted": 8, "decode_s": 0.1, "accepted_by_position": [2, 2, 2, 2], "proposed_by_position": [2] * 4}
+    free, verbatim = ArmAggregate(arm_strategy(job), 4), ArmAggregate(arm_strategy({**job, "verbatim": True}), 4)
+    assert (free.strategy, verbatim.strategy) == ("ngram", "ngram+verbatim")
+    free.add(job, 0, 0)
+    verbatim.add({**job, "verbatim": True}, 1, 0)
+    views = [free.decayed(2, 0), verbatim.decayed(2, 0)]
+    assert [(v.strategy, v.requests) for v in mode_views(views, False)] == [("ngram", 1)]
+    assert [(v.strategy, v.requests) for v in mode_views(views, True)] == [("ngram", 1)]
+    assert mode_views([free.decayed(2, 0)], True) == []  # a new mode starts from nothing
