@@ -74,12 +74,16 @@ def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--temperature", type=float, default=0.0, metavar="T")
     p.add_argument("--seed", type=int, metavar="S")
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N")
+    p.add_argument("--verbatim", action="store_true",
+                   help="plain string fields only copy spans of the document (x-structspec-verbatim in the "
+                        "schema overrides it per subschema)")
 
 
 def cmd_extract(args) -> int:
     from structspec.engine.engine import ExtractOptions
     from structspec.engine.prompt import DocumentTooLong
     from structspec.grammar import SchemaError, check_schema
+    from structspec.grammar.verbatim import uses_verbatim
 
     schema = read_json_file(args.schema, "schema")
     try:
@@ -91,17 +95,19 @@ def cmd_extract(args) -> int:
     settings = settings_from(args)
     opts = ExtractOptions(strategy="none" if auto else args.strategy,
                           draft_len=settings.draft_len if args.draft_len is None else args.draft_len,
-                          temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens)
+                          temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
+                          verbatim=args.verbatim)
     try:
         opts.check()
     except ValueError as e:
         raise CliError(str(e)) from None
     local = open_local_stats(settings, schema, args.schema) if auto else None
+    verbatim = uses_verbatim(schema, args.verbatim)  # verbatim runs learn from verbatim runs only
     engine = build_engine(settings)
     failed = 0
     for path, text in documents:
         if local is not None:
-            choice, why = local.choose(args.draft_len)
+            choice, why = local.choose(args.draft_len, verbatim)
             opts = dataclasses.replace(opts, strategy=choice.strategy, draft_len=choice.draft_len)
         try:
             res = engine.extract(schema, text, opts)
@@ -216,7 +222,8 @@ def cmd_worker(args) -> int:
 def client_options(args) -> dict:
     """The job options given on the command line (the server's defaults fill the rest)."""
     names = ("strategy", "draft_len", "temperature", "seed", "max_tokens")
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    return {**given, "verbatim": True} if args.verbatim else given
 
 
 def run_client(args, work) -> int:
@@ -261,6 +268,7 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--temperature", type=float, metavar="T")
     p.add_argument("--seed", type=int, metavar="S")
     p.add_argument("--max-tokens", type=int, metavar="N")
+    p.add_argument("--verbatim", action="store_true", help="plain string fields only copy document spans")
 
 
 def cmd_demo(args) -> int:
@@ -291,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--strategies", default="none,schema,ngram,composite")
+    p.add_argument("--modes", default="free", help="free, verbatim or both (free,verbatim): each strategy in each mode")
     p.add_argument("--draft-len", type=int, default=defaults.draft_len, metavar="K")
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
@@ -311,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--half-life", type=float, default=defaults.stats_half_life,
                    help="selector decay, in requests [env STRUCTSPEC_STATS_HALF_LIFE]")
     p.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
+    p.add_argument("--verbatim", action="store_true", help="every run in verbatim mode")
     p.add_argument("--out", help="write per-document records (JSON) here")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_auto)

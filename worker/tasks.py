@@ -22,6 +22,7 @@ from structspec.db.jobs import JobRepository
 from structspec.db.stats import StatsRepository
 from structspec.db.repositories import SchemaRepository
 from structspec.db.session import make_engine, make_session_factory
+from structspec.grammar.verbatim import uses_verbatim
 from structspec.stats.resolve import resolve_options
 from worker.app import RUN_JOBS, app, enqueue
 
@@ -99,7 +100,8 @@ def run_one(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> int:
         options = dict(job.options)
         try:
             with session.begin_nested():  # a failed read must not poison this transaction
-                options = resolve_options(session, settings, schema_id, job_id, options)
+                options = resolve_options(session, settings, schema_id, job_id, options,
+                                          verbatim=uses_verbatim(schema, bool(options.get("verbatim"))))
         except Exception:  # never strand a job on the selector: fall back to the fixed default
             log.exception("strategy selection failed for job %s; using %s", job_id, settings.strategy)
             options.update(strategy=settings.strategy, draft_len=options.get("draft_len") or settings.draft_len)

@@ -35,13 +35,14 @@ class BatchController(Controller):
     async def submit(self, request: Request, jobs: Jobs,
                schema_id: str | None = None, strategy: str | None = None,
                draft_len: int | None = None, temperature: float | None = None,
-               seed: int | None = None, max_tokens: int | None = None) -> BatchAccepted:
+               seed: int | None = None, max_tokens: int | None = None,
+               verbatim: bool | None = None) -> BatchAccepted:
         # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
         data = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type in (NDJSON, "application/jsonl", "application/ndjson"):
             options = JobOptions(strategy=strategy, draft_len=draft_len, temperature=temperature, seed=seed,
-                                 max_tokens=max_tokens)
+                                 max_tokens=max_tokens, verbatim=verbatim)
             return await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options)
         return await anyio.to_thread.run_sync(jobs.submit_batch_json, decode_batch(data))
 

@@ -81,6 +81,9 @@ class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     temperature: float | None = None
     seed: int | None = None
     max_tokens: int | None = None
+    verbatim: Annotated[bool, msgspec.Meta(
+        description="plain string fields only copy spans of the document (default false); the schema "
+                    "annotation x-structspec-verbatim: true|false overrides it per subschema")] | None = None
 
 
 class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -106,6 +109,8 @@ class JobStats(msgspec.Struct, kw_only=True):
     accepted: int | None = None
     acceptance_rate: float | None = None
     tokens_per_pass: float | None = None
+    verbatim: Annotated[bool, msgspec.Meta(
+        description="some string field was limited to document spans (its stats are kept apart)")] | None = None
 
 
 class JobTimings(msgspec.Struct, kw_only=True):

@@ -100,3 +100,27 @@ def test_stats_and_metrics_equal_the_sum_of_per_job_stats(stack):
         assert samples[("structspec_draft_tokens_accepted_total", strategy)] == acc["accepted"]
         assert samples[("structspec_job_latency_seconds_count", strategy)] == acc["requests"]
     assert len({k for k, _ in samples}) >= 6
+
+
+def test_verbatim_jobs_are_counted_apart_and_auto_learns_them_apart(stack):
+    client, worker = stack
+    schema = {"type": "object", "properties": {"who": {"type": "string"}, "ok": {"type": "boolean"}},
+              "required": ["who", "ok"]}
+    schema_id = client.post("/v1/schemas", json={"name": f"tiny-str-{uuid.uuid4().hex[:6]}",
+                                                 "schema": schema}).json()["id"]
+    free = run_batch(client, worker, schema_id, 3, {"strategy": "ngram", "draft_len": 3, "max_tokens": 64})
+    verbatim = run_batch(client, worker, schema_id, 3, {"strategy": "ngram", "draft_len": 3, "verbatim": True})
+    verbatim += run_batch(client, worker, schema_id, 4, {"verbatim": True})  # auto, verbatim arms only
+    assert all(r["status"] == "succeeded" and r["stats"]["verbatim"] for r in verbatim), verbatim
+    assert not any(r["stats"]["verbatim"] for r in free)
+    docs = [f"document {i}: label {'abc'[i % 3]}, ok" for i in range(4)]
+    assert all(r["result"]["who"] in docs[r["id"]] for r in verbatim)  # spans of their own document
+
+    body = client.get(f"/v1/schemas/{schema_id}/stats").json()
+    got = {(a["strategy"], a["draft_len"]): a["requests"] for a in body["strategies"]}
+    assert got[("ngram", 3)] == 3
+    verbatim_arms = {k: v for k, v in got.items() if k[0].endswith("+verbatim")}
+    assert sum(verbatim_arms.values()) == 7 and verbatim_arms.get(("ngram+verbatim", 3), 0) >= 3
+    # auto on a new verbatim mode probes its proposers afresh: free-mode counts do not satisfy it
+    auto_picks = {r["stats"]["strategy"] for r in verbatim[3:]}
+    assert {"schema", "composite"} <= auto_picks

@@ -91,6 +91,30 @@ def test_auto_strategy_learns_in_the_local_database(capsys, monkeypatch, tmp_pat
     assert {(a.strategy, a.draft_len) for a in arms} == {(x["strategy"], x["draft_len"]) for x in lines}
 
 
+def test_verbatim_extract_copies_spans_and_learns_under_verbatim_arms(capsys, monkeypatch, tmp_path, tiny_engine):
+    import structspec.cli as cli
+    from structspec.config import Settings
+    from structspec.db.repositories import SchemaRepository
+    from structspec.db.session import make_engine, make_session_factory
+    from structspec.db.stats import StatsRepository
+
+    monkeypatch.setenv("STRUCTSPEC_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.delenv("STRUCTSPEC_DATABASE_URL", raising=False)
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_engine)
+    schema = tmp_path / "who.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}))
+    doc = tmp_path / "d.txt"
+    doc.write_text('Sold by "Corner Cafe", Main St.\nThanks!')
+    assert main(["extract", "--schema", str(schema), str(doc), str(doc), "--stats", "--verbatim"]) == 0
+    out, err = capsys.readouterr()
+    assert all(json.loads(line)["who"] in doc.read_text() for line in out.splitlines())
+    stats = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    assert [x["verbatim"] for x in stats] == [True, True] and stats[0]["strategy"] == "schema"
+    with make_session_factory(make_engine(Settings.from_env().database_url))() as session:
+        arms = StatsRepository(session).arms(SchemaRepository(session).get_by_name("cli.who").id)
+    assert {a.strategy for a in arms} == {s["strategy"] + "+verbatim" for s in stats}
+
+
 def test_auto_strategy_with_an_unusable_database_is_a_clear_error(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("STRUCTSPEC_DATABASE_URL", "postgresql://nobody@127.0.0.1:1/none")
     schema = tmp_path / "s.json"

@@ -28,7 +28,7 @@ from structspec.db.repositories import SchemaRepository
 
 log = logging.getLogger(__name__)
 
-OPTION_NAMES = ("strategy", "draft_len", "temperature", "seed", "max_tokens")
+OPTION_NAMES = ("strategy", "draft_len", "temperature", "seed", "max_tokens", "verbatim")
 WAIT_POLL_S = 0.1
 RESULTS_PAGE = 500
 
@@ -188,7 +188,7 @@ class JobService:
         # auto: the worker picks (strategy, draft_len) per job; a given draft_len fixes k
         default_len = None if strategy == "auto" else s.draft_len
         opts = {"strategy": strategy, "draft_len": default_len, "temperature": 0.0, "seed": None,
-                "max_tokens": s.max_tokens}
+                "max_tokens": s.max_tokens, "verbatim": False}
         opts.update(given_opts)
         try:
             check = dict(opts)
