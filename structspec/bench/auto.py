@@ -25,7 +25,7 @@ from tqdm import tqdm
 from structspec.bench.strategies import load_dataset
 from structspec.engine.engine import Engine, ExtractOptions
 from structspec.engine.prompt import DocumentTooLong
-from structspec.stats.aggregate import ArmAggregate
+from structspec.stats.aggregate import ArmAggregate, arm_strategy, mode_views
 from structspec.stats.selector import PROPOSING, Selector, SelectorConfig
 
 AUTO = "auto"
@@ -39,11 +39,11 @@ class InMemoryStats:
         self.arms: dict[tuple[str, int], ArmAggregate] = {}
         self.clock = 0
 
-    def views(self):
-        return [a.decayed(self.clock, self.half_life) for a in self.arms.values()]
+    def views(self, verbatim: bool = False):
+        return mode_views([a.decayed(self.clock, self.half_life) for a in self.arms.values()], verbatim)
 
     def record(self, stats: dict) -> None:
-        key = (stats["strategy"], stats["draft_len"])
+        key = (arm_strategy(stats), stats["draft_len"])
         arm = self.arms.setdefault(key, ArmAggregate(*key))
         arm.add(stats, self.clock, self.half_life)
         self.clock += 1
@@ -115,10 +115,11 @@ def run_auto_bench(args, engine: Engine) -> int:
 
     def run(row, strategy: str, k: int):
         return engine.extract(row["schema"], row["text"],
-                              ExtractOptions(strategy=strategy, draft_len=k, max_tokens=args.max_tokens))
+                              ExtractOptions(strategy=strategy, draft_len=k, max_tokens=args.max_tokens,
+                                             verbatim=args.verbatim))
 
     def run_auto(row):
-        choice = selector.choose(stats.views(), rng)
+        choice = selector.choose(stats.views(args.verbatim), rng)
         res = run(row, choice.strategy, choice.draft_len)
         stats.record(res.stats.as_dict())
         return res, arm_name(choice.strategy, choice.draft_len)

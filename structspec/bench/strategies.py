@@ -2,7 +2,9 @@
 
 The machine is noisy, so every figure that matters is a ratio against `none` measured
 on the same documents in the same run. Each speculative output is also checked to be
-token-identical to `none` (greedy), which is the engine's core promise.
+token-identical to `none` (greedy) of the same mode, which is the engine's core promise.
+With `--modes free,verbatim` every strategy also runs in verbatim mode (string fields are
+spans of the document), and field accuracy against the dataset's `gold` shows what that buys.
 """
 
 from __future__ import annotations
@@ -37,9 +39,40 @@ def load_dataset(path: str, limit: int, max_chars: int = 0) -> list[dict]:
     return rows
 
 
-def summarize(records: list[dict], strategy: str) -> dict:
-    mine = [r for r in records if r["strategy"] == strategy]
-    base = {r["id"]: r for r in records if r["strategy"] == "none"}
+def leaves(value, path: str = "") -> dict[str, object]:
+    """Leaf values by JSON pointer; strings with whitespace runs collapsed, numbers as floats."""
+    if isinstance(value, dict):
+        out: dict[str, object] = {}
+        for k, v in value.items():
+            out.update(leaves(v, f"{path}/{k}"))
+        return out
+    if isinstance(value, list):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(leaves(v, f"{path}/{i}"))
+        return out
+    if isinstance(value, str):
+        return {path: " ".join(value.split())}
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {path: float(value)}
+    return {path: value}
+
+
+def field_accuracy(value, gold) -> tuple[int, int]:
+    """(gold leaves matched exactly by the output at the same path, gold leaves)."""
+    want = leaves(gold)
+    have = leaves(value) if value is not None else {}
+    return sum(1 for p, v in want.items() if p in have and have[p] == v), len(want)
+
+
+def system_name(strategy: str, verbatim: bool) -> str:
+    return strategy + ("+verbatim" if verbatim else "")
+
+
+def summarize(records: list[dict], system: str) -> dict:
+    mine = [r for r in records if r["system"] == system]
+    verbatim = system.endswith("+verbatim")
+    base = {r["id"]: r for r in records if r["system"] == system_name("none", verbatim)}
     out_tokens = sum(r["output_tokens"] for r in mine)
     passes = sum(r["target_passes"] for r in mine)
     proposed = sum(r["proposed"] for r in mine)
@@ -48,8 +81,9 @@ def summarize(records: list[dict], strategy: str) -> dict:
     base_decode = sum(base[r["id"]]["decode_s"] for r in mine if r["id"] in base)
     identical = sum(1 for r in mine if r["id"] in base and r["tokens"] == base[r["id"]]["tokens"])
     per_doc_tpp = [r["tokens_per_pass"] for r in mine if r["target_passes"]]
+    graded = [r for r in mine if r.get("gold_fields")]
     return {
-        "strategy": strategy,
+        "system": system,
         "documents": len(mine),
         "succeeded": sum(r["status"] == "succeeded" for r in mine),
         "truncated": sum(r["status"] == "truncated" for r in mine),
@@ -62,17 +96,20 @@ def summarize(records: list[dict], strategy: str) -> dict:
         "decode_tok_s": out_tokens / decode_s if decode_s else 0.0,
         "decode_s": decode_s,
         "speedup_vs_none": base_decode / decode_s if decode_s else 0.0,
+        "field_accuracy": (sum(r["gold_matched"] for r in graded) / sum(r["gold_fields"] for r in graded)
+                           if graded else None),
     }
 
 
 def markdown_table(summaries: list[dict]) -> str:
-    head = ("| strategy | docs | succeeded | truncated | identical to none | tokens/pass (all) | "
+    head = ("| system | docs | succeeded | hit max_tokens | identical to none | field accuracy | tokens/pass (all) | "
             "tokens/pass (doc mean) | acceptance | decode tok/s | decode s | speedup vs none |")
-    lines = [head, "|" + "---|" * 11]
+    lines = [head, "|" + "---|" * 12]
     for s in summaries:
+        acc = "n/a" if s["field_accuracy"] is None else f"{s['field_accuracy']:.1%}"
         lines.append(
-            f"| {s['strategy']} | {s['documents']} | {s['succeeded']} | {s['truncated']} | "
-            f"{s['identical_to_none']}/{s['documents']} | {s['tokens_per_pass']:.2f} | "
+            f"| {s['system']} | {s['documents']} | {s['succeeded']} | {s['truncated']} | "
+            f"{s['identical_to_none']}/{s['documents']} | {acc} | {s['tokens_per_pass']:.2f} | "
             f"{s['mean_doc_tokens_per_pass']:.2f} | {s['acceptance_rate']:.1%} | {s['decode_tok_s']:.1f} | "
             f"{s['decode_s']:.1f} | {s['speedup_vs_none']:.2f}x |")
     return "\n".join(lines)
@@ -81,11 +118,14 @@ def markdown_table(summaries: list[dict]) -> str:
 def run_strategy_bench(args, engine: Engine) -> int:
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
     unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        print(f"structspec: error: unknown strategies {unknown}; choose from {list(STRATEGIES)}", file=sys.stderr)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if unknown or not modes or set(modes) - {"free", "verbatim"}:
+        print(f"structspec: error: --strategies takes some of {list(STRATEGIES)} (got {args.strategies!r}) and "
+              f"--modes some of free,verbatim (got {args.modes!r})", file=sys.stderr)
         return 2
     if "none" not in strategies:
         strategies.insert(0, "none")  # the baseline every ratio needs
+    systems = [(s, m == "verbatim") for m in modes for s in strategies]
     try:
         rows = load_dataset(args.dataset, args.limit, args.max_chars)
     except (OSError, ValueError) as e:
@@ -94,20 +134,23 @@ def run_strategy_bench(args, engine: Engine) -> int:
     records: list[dict] = []
     engine.decoder.memo_prefill = True  # every strategy of a document shares one prefill
     t0 = time.perf_counter()
-    with tqdm(total=len(rows) * len(strategies), desc="bench", unit="run", file=sys.stderr) as bar:
+    with tqdm(total=len(rows) * len(systems), desc="bench", unit="run", file=sys.stderr) as bar:
         for row in rows:
-            for strategy in strategies:  # interleaved: noise hits every strategy alike
-                opts = ExtractOptions(strategy=strategy, draft_len=args.draft_len, max_tokens=args.max_tokens)
+            for strategy, verbatim in systems:  # interleaved: noise hits every system alike
+                opts = ExtractOptions(strategy=strategy, draft_len=args.draft_len, max_tokens=args.max_tokens,
+                                      verbatim=verbatim)
                 try:
                     res = engine.extract(row["schema"], row["text"], opts)
                 except DocumentTooLong as e:
                     bar.write(f"skip {row.get('id')}: {e}")
-                    bar.update(len(strategies))
+                    bar.update(len(systems))
                     break
-                records.append({"id": row.get("id"), "strategy": strategy, "status": res.status,
+                matched, fields = field_accuracy(res.value, row["gold"]) if "gold" in row else (0, 0)
+                records.append({"id": row.get("id"), "system": system_name(strategy, verbatim), "strategy": strategy,
+                                "status": res.status, "gold_matched": matched, "gold_fields": fields,
                                 "tokens": res.tokens, **res.stats.as_dict()})
                 bar.update(1)
-    summaries = [summarize(records, s) for s in strategies]
+    summaries = [summarize(records, system_name(s, v)) for s, v in systems]
     print(f"model={engine.loaded.name} draft_len={args.draft_len} max_tokens={args.max_tokens} "
           f"documents={len({r['id'] for r in records})} wall={time.perf_counter() - t0:.0f}s")
     print(markdown_table(summaries))
@@ -116,7 +159,7 @@ def run_strategy_bench(args, engine: Engine) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "strategies.json").write_text(json.dumps({"summaries": summaries, "records": records}, indent=1))
         print(f"records written to {out / 'strategies.json'}")
-    mismatches = [s["strategy"] for s in summaries if s["identical_to_none"] != s["documents"]]
+    mismatches = [s["system"] for s in summaries if s["identical_to_none"] != s["documents"]]
     if mismatches:
         print(f"WARNING: outputs differ from none for {mismatches}", file=sys.stderr)
         return 1
