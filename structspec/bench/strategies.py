@@ -39,10 +39,11 @@ def load_dataset(path: str, limit: int, max_chars: int = 0) -> list[dict]:
     return rows
 
 
-def leaves(value, path: str = "") -> dict[str, object]:
-    """Leaf values by JSON pointer; strings with whitespace runs collapsed, numbers as floats."""
+def leaves(value, path: str = "") -> dict[str, tuple]:
+    """(kind, value) of every leaf by JSON pointer; strings with whitespace runs collapsed,
+    numbers as floats (1 == 1.0, but never == true)."""
     if isinstance(value, dict):
-        out: dict[str, object] = {}
+        out: dict[str, tuple] = {}
         for k, v in value.items():
             out.update(leaves(v, f"{path}/{k}"))
         return out
@@ -52,10 +53,10 @@ def leaves(value, path: str = "") -> dict[str, object]:
             out.update(leaves(v, f"{path}/{i}"))
         return out
     if isinstance(value, str):
-        return {path: " ".join(value.split())}
+        return {path: ("string", " ".join(value.split()))}
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {path: float(value)}
-    return {path: value}
+        return {path: ("number", float(value))}
+    return {path: (type(value).__name__, value)}
 
 
 def field_accuracy(value, gold) -> tuple[int, int]:

@@ -1,0 +1,49 @@
+"""The benchmark harnesses run end to end on two tiny documents (so they cannot rot), and
+field accuracy grades leaves the way docs/benchmarks.md says."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from structspec.bench.auto import run_auto_bench
+from structspec.bench.strategies import field_accuracy, run_strategy_bench
+from tests.conftest import deepjsoneval_rows
+
+
+def test_field_accuracy_matches_leaves_by_path_with_whitespace_collapsed():
+    gold = {"name": "Ada  Lovelace", "born": 1815, "tags": ["x", "y"], "ok": True}
+    assert field_accuracy({"name": "Ada Lovelace", "born": 1815.0, "tags": ["x", "z"], "ok": True}, gold) == (4, 5)
+    assert field_accuracy(None, gold) == (0, 5)
+    assert field_accuracy({"ok": 1}, {"ok": True}) == (0, 1)  # a boolean is not a number
+
+
+def write_dataset(tmp_path, n=2):
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in deepjsoneval_rows(n)))
+    return str(path)
+
+
+def test_strategy_bench_runs_every_strategy_in_both_modes(tiny_engine, tmp_path, capsys):
+    args = argparse.Namespace(dataset=write_dataset(tmp_path), limit=2, max_chars=0, strategies="ngram,composite",
+                              modes="free,verbatim", draft_len=4, max_tokens=24, out=str(tmp_path / "out"))
+    assert run_strategy_bench(args, tiny_engine) == 0  # 0: every output identical to none of its mode
+    out = capsys.readouterr().out
+    for system in ("none", "ngram", "composite", "none+verbatim", "ngram+verbatim", "composite+verbatim"):
+        assert f"| {system} | 2 |" in out
+    data = json.loads((tmp_path / "out" / "strategies.json").read_text())
+    assert len(data["records"]) == 12 and all(r["gold_fields"] > 0 for r in data["records"])
+
+
+def test_auto_bench_compares_auto_with_every_fixed_arm(tiny_engine, tmp_path, capsys):
+    args = argparse.Namespace(dataset=write_dataset(tmp_path, 3), warmup=1, limit=2, max_chars=0,
+                              strategies="schema,ngram", draft_lens="2,4", max_tokens=16, half_life=500, seed=0,
+                              verbatim=False, out=str(tmp_path / "out"))
+    assert run_auto_bench(args, tiny_engine) == 0
+    data = json.loads((tmp_path / "out" / "auto.json").read_text())
+    arms = {s["arm"] for s in data["summaries"]}
+    assert arms == {"none", "schema:2", "schema:4", "ngram:2", "ngram:4", "auto"}
+    assert all(s["documents"] == 2 for s in data["summaries"])
+    assert sum(data["verdict"]["auto_choices"].values()) == 2
+    assert set(data["verdict"]["auto_choices"]) <= arms
+    assert "auto = " in capsys.readouterr().out
