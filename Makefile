@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench bench-auto bench-kernels clean
+.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-kernels clean
 
 install: $(STAMP)
 
@@ -34,9 +34,16 @@ test: install
 test-fast: install
 	TRITON_INTERPRET=1 $(PY) -m pytest -m "not model and not slow"
 
+# structspec against outlines and transformers' prompt lookup (~25 min on this 2-core CPU).
 bench: install
+	$(VENV)/bin/structspec bench --dataset ../shared/data/deepjsoneval_en.jsonl \
+		--limit 8 --warmup 4 --max-chars 4500 --max-tokens 384 --threads 1 --out bench-out
+
+# drafting strategies against none, free and verbatim modes (decode time only).
+bench-strategies: install
 	$(VENV)/bin/structspec bench strategies --dataset ../shared/data/deepjsoneval_en.jsonl \
-		--limit 20 --max-chars 4500 --max-tokens 384 --draft-len 8 --threads 1 --out bench-out
+		--limit 20 --max-chars 4500 --max-tokens 384 --draft-len 8 --threads 1 --modes free,verbatim \
+		--out bench-out
 
 # auto after a warm-up against every fixed (strategy, k) of its grid, interleaved (~35 min on CPU).
 bench-auto: install

@@ -155,6 +155,14 @@ def cmd_bench_strategies(args) -> int:
     return run_strategy_bench(args, build_engine(settings_from(args)))
 
 
+def cmd_bench(args) -> int:
+    from structspec.bench.harness import run_harness
+
+    if not args.dataset:
+        raise CliError("structspec bench needs --dataset FILE.jsonl (or a sub-command: strategies, auto, kernels)")
+    return run_harness(args, build_engine(settings_from(args)))
+
+
 def cmd_bench_auto(args) -> int:
     from structspec.bench.auto import run_auto_bench
 
@@ -294,7 +302,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.set_defaults(func=cmd_extract)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    from structspec.bench.harness import DEFAULT_SYSTEMS
+
+    top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
+                                       "sub-benchmark: strategies, auto, kernels)",
+                         description="Without a sub-command: run every --systems on the same documents, "
+                                     "interleaved, and report validity, accuracy, speed and memory per system "
+                                     "(Markdown on stdout; bench.json and PNG plots in --out).")
+    top.add_argument("--dataset", help="JSONL with {id, schema, text, gold?} per line")
+    top.add_argument("--systems", default=DEFAULT_SYSTEMS,
+                     help="comma-separated: structspec:<none|schema|ngram|composite|auto>[+verbatim], outlines, "
+                          "hf-prompt-lookup (default %(default)s)")
+    top.add_argument("--limit", type=int, default=8, help="measured documents")
+    top.add_argument("--warmup", type=int, default=0, help="documents only the auto systems run first")
+    top.add_argument("--max-tokens", type=int, default=384)
+    top.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
+    top.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
+    top.add_argument("--out", help="write bench.json and plots here")
+    add_model_args(top)
+    top.set_defaults(func=cmd_bench)
+    bench = top.add_subparsers(dest="bench", required=False)
     p = bench.add_parser("strategies", help="compare drafting strategies on a JSONL dataset")
     p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
     p.add_argument("--limit", type=int, default=20)

@@ -1,0 +1,384 @@
+"""`structspec bench`: structspec against the tools a user would pick instead, in one run.
+
+Systems (all greedy, same model object, same prompt token ids, same output cap):
+  structspec:<strategy>[+verbatim]  the engine; strategy none | schema | ngram | composite | auto
+  outlines                          the `outlines` package on transformers, generating the same
+                                    (normalised) schema: what most users run for schema-valid JSON
+  hf-prompt-lookup                  transformers' generate(prompt_lookup_num_tokens=...): fast,
+                                    but not grammar-constrained (its schema-valid rate is reported)
+
+Every document runs every system back to back (interleaved, the machine is noisy), and every
+figure that matters is a ratio over the same documents in the same run. End-to-end seconds
+cover the whole call: prompt, grammar, prefill and decode; structspec reuses no prefill here.
+`auto` systems pool their statistics over the dataset (DeepJSONEval gives each document its
+own schema) and may warm up on the first `--warmup` documents, which only they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from structspec.bench.auto import InMemoryStats
+from structspec.bench.strategies import field_accuracy, load_dataset
+from structspec.engine.engine import Engine, ExtractOptions
+from structspec.engine.prompt import DocumentTooLong, build_prompt
+from structspec.engine.proposers import STRATEGIES
+from structspec.grammar import validate_instance
+from structspec.grammar.normalize import close_objects
+from structspec.stats.selector import Selector, SelectorConfig
+
+DEFAULT_SYSTEMS = ("structspec:none,structspec:composite,structspec:auto,structspec:auto+verbatim,"
+                   "outlines,hf-prompt-lookup")
+PROMPT_LOOKUP_TOKENS = 10
+
+
+@dataclass
+class Outcome:
+    text: str
+    value: Any  # parsed JSON or None
+    valid_json: bool
+    schema_valid: bool
+    output_tokens: int
+    e2e_s: float
+    stats: dict  # structspec's engine stats ({} for the others)
+
+
+class RssPeak:
+    """Peak resident memory above the level at start, sampled every 5 ms (MiB); on CUDA the
+    peak allocated by torch instead."""
+
+    def __init__(self, device):
+        self.cuda = getattr(device, "type", str(device)) == "cuda"
+        self.peak = 0.0
+
+    def __enter__(self) -> "RssPeak":
+        if self.cuda:
+            import torch
+
+            torch.cuda.reset_peak_memory_stats()
+            self.base = torch.cuda.memory_allocated()
+            return self
+        self.base = _rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        top = self.base
+        while not self._stop.wait(0.005):
+            top = max(top, _rss())
+        self._top = max(top, _rss())
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            import torch
+
+            self.peak = (torch.cuda.max_memory_allocated() - self.base) / 2**20
+            return
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self._top - self.base, 0) / 2**20
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def parse_json_answer(text: str) -> tuple[Any, bool]:
+    """The JSON value in `text` (whole, or from the first '{' / '[' to the matching end, since an
+    unconstrained model may wrap it in prose or a code fence); (None, False) if there is none."""
+    try:
+        return json.loads(text), True
+    except json.JSONDecodeError:
+        pass
+    starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
+    if not starts:
+        return None, False
+    try:
+        value, _ = json.JSONDecoder().raw_decode(text[min(starts):])
+        return value, True
+    except json.JSONDecodeError:
+        return None, False
+
+
+class StructspecSystem:
+    def __init__(self, name: str, engine: Engine, max_tokens: int, seed: int):
+        spec = name.split(":", 1)[1]
+        self.name, self.engine, self.max_tokens = name, engine, max_tokens
+        self.strategy, _, mode = spec.partition("+")
+        self.verbatim = mode == "verbatim"
+        if self.strategy not in (*STRATEGIES, "auto") or mode not in ("", "verbatim"):
+            raise ValueError(f"unknown system {name!r}")
+        self.stats = InMemoryStats(half_life=500) if self.strategy == "auto" else None
+        self.selector = Selector(SelectorConfig())
+        self.rng = random.Random(seed)
+
+    def run(self, row: dict) -> Outcome:
+        strategy, k = self.strategy, 8
+        if self.stats is not None:
+            choice = self.selector.choose(self.stats.views(self.verbatim), self.rng)
+            strategy, k = choice.strategy, choice.draft_len
+        res = self.engine.extract(row["schema"], row["text"], ExtractOptions(
+            strategy=strategy, draft_len=k, max_tokens=self.max_tokens, verbatim=self.verbatim))
+        stats = res.stats.as_dict()
+        if self.stats is not None:
+            self.stats.record(stats)
+        value, ok = (res.value, True) if res.status == "succeeded" else parse_json_answer(res.text)
+        return Outcome(res.text, value, ok, res.status == "succeeded", res.stats.output_tokens, res.stats.wall_s,
+                       stats)
+
+
+class OutlinesSystem:
+    name = "outlines"
+
+    def __init__(self, engine: Engine, max_tokens: int):
+        import outlines
+
+        self.loaded, self.max_tokens = engine.loaded, max_tokens
+        self.model = outlines.from_transformers(self.loaded.model, self.loaded.tokenizer)
+
+    def run(self, row: dict) -> Outcome:
+        import outlines
+        from outlines.types import JsonSchema
+
+        tok = self.loaded.tokenizer
+        t0 = time.perf_counter()
+        prompt = tok.decode(build_prompt(tok, row["schema"], row["text"], self.loaded.context_len))
+        generator = outlines.Generator(self.model, JsonSchema(json.dumps(close_objects(row["schema"]))))
+        text = generator(prompt, max_new_tokens=self.max_tokens, do_sample=False)
+        e2e = time.perf_counter() - t0
+        return _judge(text, row, len(tok.encode(text, add_special_tokens=False)), e2e)
+
+
+class PromptLookupSystem:
+    name = "hf-prompt-lookup"
+
+    def __init__(self, engine: Engine, max_tokens: int):
+        self.loaded, self.max_tokens = engine.loaded, max_tokens
+
+    def run(self, row: dict) -> Outcome:
+        import torch
+
+        tok, model = self.loaded.tokenizer, self.loaded.model
+        t0 = time.perf_counter()
+        ids = build_prompt(tok, row["schema"], row["text"], self.loaded.context_len)
+        input_ids = torch.tensor([ids], device=self.loaded.device)
+        with torch.inference_mode():
+            out = model.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                                 max_new_tokens=self.max_tokens, prompt_lookup_num_tokens=PROMPT_LOOKUP_TOKENS,
+                                 pad_token_id=tok.eos_token_id)
+        new = [t for t in out[0, len(ids):].tolist() if t not in self.loaded.eos_token_ids]
+        text = tok.decode(new, skip_special_tokens=True)
+        return _judge(text, row, len(new), time.perf_counter() - t0)
+
+
+def _judge(text: str, row: dict, output_tokens: int, e2e: float) -> Outcome:
+    value, ok = parse_json_answer(text)
+    valid = ok and not validate_instance(row["schema"], value)
+    return Outcome(text, value, ok, valid, output_tokens, e2e, {})
+
+
+def make_systems(names: list[str], engine: Engine, max_tokens: int, seed: int) -> list:
+    systems = []
+    for name in names:
+        if name.startswith("structspec:"):
+            systems.append(StructspecSystem(name, engine, max_tokens, seed))
+        elif name == "outlines":
+            systems.append(OutlinesSystem(engine, max_tokens))
+        elif name == "hf-prompt-lookup":
+            systems.append(PromptLookupSystem(engine, max_tokens))
+        else:
+            raise ValueError(f"unknown system {name!r}: use structspec:<none|schema|ngram|composite|auto>"
+                             f"[+verbatim], outlines or hf-prompt-lookup")
+    return systems
+
+
+def percentile(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return 0.0
+    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
+    return xs[i]
+
+
+def summarize(records: list[dict], system: str, systems: list[str]) -> dict:
+    mine = {r["id"]: r for r in records if r["system"] == system}
+    n = len(mine)
+    graded = [r for r in mine.values() if r["gold_fields"]]
+    e2e = [r["e2e_s"] for r in mine.values()]
+    tokens = sum(r["output_tokens"] for r in mine.values())
+    st = [r["stats"] for r in mine.values() if r["stats"]]
+    passes = sum(s["target_passes"] for s in st)
+    decode_s = sum(s["decode_s"] for s in st)
+
+    def ratio(base: str) -> float | None:
+        if base not in systems:
+            return None
+        other = {r["id"]: r for r in records if r["system"] == base}
+        common = [i for i in mine if i in other]
+        mine_s = sum(mine[i]["e2e_s"] for i in common)
+        return sum(other[i]["e2e_s"] for i in common) / mine_s if mine_s else None
+
+    return {
+        "system": system, "documents": n,
+        "valid_json": sum(r["valid_json"] for r in mine.values()) / n if n else 0.0,
+        "schema_valid": sum(r["schema_valid"] for r in mine.values()) / n if n else 0.0,
+        "field_accuracy": (sum(r["gold_matched"] for r in graded) / sum(r["gold_fields"] for r in graded)
+                           if graded else None),
+        "output_tokens": tokens,
+        "target_passes": passes if st else None,
+        "tokens_per_pass": tokens / passes if passes else None,
+        "decode_tok_s": sum(s["output_tokens"] for s in st) / decode_s if decode_s else None,
+        "e2e_tok_s": tokens / sum(e2e) if sum(e2e) else 0.0,
+        "e2e_s_median": statistics.median(e2e) if e2e else 0.0,
+        "e2e_s_p90": percentile(e2e, 0.9),
+        "e2e_s_total": sum(e2e),
+        "vs_structspec_none": ratio("structspec:none"),
+        "vs_outlines": ratio("outlines"),
+        "peak_mem_mib": max((r["peak_mem_mib"] for r in mine.values()), default=0.0),
+        "hit_max_tokens": sum(r["hit_max_tokens"] for r in mine.values()),
+    }
+
+
+def _fmt(x, spec: str, none: str = "n/a") -> str:
+    return none if x is None else format(x, spec)
+
+
+def markdown_table(summaries: list[dict]) -> str:
+    lines = ["| system | docs | valid JSON | schema-valid | field accuracy | hit max_tokens | output tokens | "
+             "target passes | tokens/pass | decode tok/s | e2e tok/s | e2e s median | e2e s p90 | "
+             "speedup vs structspec:none | speedup vs outlines | peak mem MiB |",
+             "|" + "---|" * 16]
+    for s in summaries:
+        lines.append(
+            f"| {s['system']} | {s['documents']} | {s['valid_json']:.0%} | {s['schema_valid']:.0%} | "
+            f"{_fmt(s['field_accuracy'], '.1%')} | {s['hit_max_tokens']} | {s['output_tokens']} | "
+            f"{_fmt(s['target_passes'], 'd', 'n/a')} | {_fmt(s['tokens_per_pass'], '.2f')} | "
+            f"{_fmt(s['decode_tok_s'], '.1f')} | {s['e2e_tok_s']:.1f} | {s['e2e_s_median']:.1f} | "
+            f"{s['e2e_s_p90']:.1f} | {_fmt(s['vs_structspec_none'], '.2f')}x | {_fmt(s['vs_outlines'], '.2f')}x | "
+            f"{s['peak_mem_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(summaries: list[dict], records: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    names = [s["system"] for s in summaries]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for j, key in enumerate(("vs_structspec_none", "vs_outlines")):
+        vals = [s[key] or 0.0 for s in summaries]
+        ax.bar([i + 0.4 * j for i in range(len(names))], vals, width=0.4, label=key.replace("vs_", "speedup vs "))
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, ha="right")
+    ax.set_ylabel("end-to-end speedup (same documents)")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "speedup.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    spec = [n for n in names if n.startswith("structspec:")]
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.boxplot([[r["stats"]["tokens_per_pass"] for r in records if r["system"] == n and r["stats"]] or [0]
+                for n in spec], tick_labels=spec)
+    ax.set_ylabel("tokens per target pass (per document)")
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    paths.append(out / "tokens_per_pass.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for n in spec:
+        prop, acc = [], []
+        for r in records:
+            if r["system"] != n or not r["stats"]:
+                continue
+            p, a = r["stats"]["proposed_by_position"], r["stats"]["accepted_by_position"]
+            prop += [0] * (len(p) - len(prop))
+            acc += [0] * (len(a) - len(acc))
+            prop = [x + (p[i] if i < len(p) else 0) for i, x in enumerate(prop)]
+            acc = [x + (a[i] if i < len(a) else 0) for i, x in enumerate(acc)]
+        if prop:
+            ax.plot(range(len(prop)), [a / p if p else 0 for a, p in zip(acc, prop)], marker="o", label=n)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / proposed")
+    ax.set_ylim(0, 1.05)
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "acceptance_by_position.png")
+    fig.savefig(paths[-1], dpi=110)
+    plt.close(fig)
+    return paths
+
+
+def run_harness(args, engine: Engine) -> int:
+    names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    try:
+        systems = make_systems(names, engine, args.max_tokens, args.seed)
+        rows = load_dataset(args.dataset, args.warmup + args.limit, args.max_chars)
+    except (OSError, ValueError) as e:
+        print(f"structspec: error: {e}", file=sys.stderr)
+        return 2
+    engine.decoder.memo_prefill = False  # end-to-end times include every system's own prefill
+    warm, measured = rows[:args.warmup], rows[args.warmup:]
+    learners = [s for s in systems if getattr(s, "stats", None) is not None]
+    records: list[dict] = []
+    t0 = time.perf_counter()
+    with tqdm(total=len(warm) * len(learners) + len(measured) * len(systems), desc="bench", unit="run",
+              file=sys.stderr) as bar:
+        for row in warm:
+            for system in learners:
+                try:
+                    system.run(row)
+                except DocumentTooLong as e:
+                    bar.write(f"skip {row.get('id')}: {e}")
+                bar.update(1)
+        for row in measured:
+            done = []
+            for system in systems:  # interleaved: noise hits every system alike
+                bar.set_postfix_str(f"{row.get('id')}: {system.name}")
+                try:
+                    with RssPeak(engine.loaded.device) as mem:
+                        res = system.run(row)
+                except DocumentTooLong as e:
+                    bar.write(f"skip {row.get('id')}: {e}")
+                    bar.update(len(systems) - len(done))
+                    done = []  # a document counts for every system or for none
+                    break
+                matched, fields = field_accuracy(res.value, row["gold"]) if "gold" in row else (0, 0)
+                done.append({"id": row.get("id"), "system": system.name, "valid_json": res.valid_json,
+                             "schema_valid": res.schema_valid, "output_tokens": res.output_tokens,
+                             "hit_max_tokens": res.output_tokens >= args.max_tokens, "e2e_s": round(res.e2e_s, 4),
+                             "gold_matched": matched, "gold_fields": fields, "peak_mem_mib": round(mem.peak, 1),
+                             "text": res.text, "stats": res.stats})
+                bar.update(1)
+            records += done
+    summaries = [summarize(records, n, names) for n in names]
+    print(f"model={engine.loaded.name} device={engine.loaded.device} max_tokens={args.max_tokens} "
+          f"warm-up={len(warm)} documents={len({r['id'] for r in records})} wall={time.perf_counter() - t0:.0f}s")
+    print(markdown_table(summaries))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps({"summaries": summaries, "records": records}, indent=1))
+        paths = plot(summaries, records, out)
+        print(f"records written to {out / 'bench.json'}; plots: {', '.join(str(p) for p in paths)}")
+    return 0
