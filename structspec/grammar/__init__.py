@@ -30,7 +30,6 @@ def check_schema(schema: dict) -> None:
     """Everything compile() checks, without a tokenizer or model (~1 ms): the API uses it
     at registration. Raises SchemaError naming keyword and JSON path."""
     from structspec.grammar.llguidance_backend import build_grammar
-
     from structspec.grammar.verbatim import check_annotations
 
     check_meta_schema(schema)
@@ -62,13 +61,11 @@ class GrammarCache:
         self._lock = threading.Lock()
 
     def get(self, schema: dict) -> CompiledGrammar:
-        key = schema_hash(schema)
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        check_meta_schema(schema)
-        return self._put(key, self.backend.compile(close_objects(schema)))
+        def build() -> CompiledGrammar:
+            check_meta_schema(schema)
+            return self.backend.compile(close_objects(schema))
+
+        return self._cached(schema_hash(schema), build)
 
     def get_for(self, schema: dict, document: str, verbatim: bool) -> CompiledGrammar:
         """The grammar a request runs under: the schema's own, or, when some string of it is
@@ -78,16 +75,21 @@ class GrammarCache:
 
         if not uses_verbatim(schema, verbatim):
             return self.get(schema)
-        key = f"{schema_hash(schema)}:{verbatim}:{hashlib.sha256(document.encode()).hexdigest()}"
+
+        def build() -> CompiledGrammar:
+            check_meta_schema(schema)
+            check_annotations(schema)
+            return self.backend.compile_verbatim(close_objects(schema), document, verbatim)
+
+        return self._cached(f"{schema_hash(schema)}:{verbatim}:{hashlib.sha256(document.encode()).hexdigest()}",
+                            build)
+
+    def _cached(self, key: str, build) -> CompiledGrammar:
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        check_meta_schema(schema)
-        check_annotations(schema)
-        return self._put(key, self.backend.compile_verbatim(close_objects(schema), document, verbatim))
-
-    def _put(self, key: str, compiled: CompiledGrammar) -> CompiledGrammar:
+        compiled = build()  # outside the lock: compiling takes milliseconds
         with self._lock:
             self._items[key] = compiled
             while len(self._items) > self._max:
