@@ -87,9 +87,12 @@ def cmd_extract(args) -> int:
 
     schema = read_json_file(args.schema, "schema")
     try:
-        check_schema(schema)  # fail before the model loads
+        warnings = check_schema(schema)  # fail before the model loads
     except SchemaError as e:
         raise CliError(f"schema {args.schema} cannot be used: {e}") from None
+    for w in warnings:
+        print(f"structspec: warning: schema {args.schema}: {SchemaError([w])} (results are still validated)",
+              file=sys.stderr)
     documents = [(p, read_document(p)) for p in args.documents]
     auto = args.strategy == "auto"
     settings = settings_from(args)
@@ -279,6 +282,12 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--verbatim", action="store_true", help="plain string fields only copy document spans")
 
 
+def cmd_conformance(args) -> int:
+    from structspec.grammar.conformance import main as conformance
+
+    return conformance(args)
+
+
 def cmd_demo(args) -> int:
     from structspec.demo import run_demo
 
@@ -398,6 +407,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.ndjson", help="NDJSON documents ('-' for stdin)")
     add_client_args(p, defaults)
     p.set_defaults(func=cmd_batch)
+
+    p = sub.add_parser("conformance", help="what the grammar backends enforce, on the JSON-Schema-Test-Suite "
+                                           "and JSONSchemaBench",
+                       description="Compile every schema as registration does and check that the grammar accepts "
+                                   "each valid test instance and refuses each invalid one; Markdown tables on stdout "
+                                   "(docs/conformance.md holds the latest).")
+    from structspec.grammar.conformance import add_arguments as add_conformance_args
+
+    add_conformance_args(p)
+    p.set_defaults(func=cmd_conformance)
 
     p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a receipt batch",
                        description="Start the API server and one worker as subprocesses (SQLite + embedded "

@@ -38,7 +38,10 @@ class SchemaSummary(msgspec.Struct, kw_only=True):
 
 
 class SchemaRegistered(SchemaSummary, kw_only=True):
-    warnings: list[str] = msgspec.field(default_factory=list)
+    warnings: Annotated[list[str], msgspec.Meta(
+        description="what the grammar does not enforce exactly, as 'path [keyword]: message'; results are "
+                    "still validated against the schema, and a job whose output breaks it fails naming the keyword")
+    ] = msgspec.field(default_factory=list)
 
 
 class SchemaDetail(SchemaSummary, kw_only=True):

@@ -26,15 +26,16 @@ def schema_hash(schema: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def check_schema(schema: dict) -> None:
+def check_schema(schema: dict) -> list[SchemaProblem]:
     """Everything compile() checks, without a tokenizer or model (~1 ms): the API uses it
-    at registration. Raises SchemaError naming keyword and JSON path."""
-    from structspec.grammar.llguidance_backend import build_grammar
+    at registration. Raises SchemaError naming keyword and JSON path; returns warnings for
+    what the grammar does not enforce exactly (results are validated with jsonschema anyway)."""
+    from structspec.grammar.llguidance_backend import prepare
     from structspec.grammar.verbatim import check_annotations
 
     check_meta_schema(schema)
     check_annotations(schema)
-    build_grammar(close_objects(schema))
+    return prepare(close_objects(schema)).warnings
 
 
 def make_backend(name: str, hf_tokenizer, vocab_size: int | None = None) -> GrammarBackend:

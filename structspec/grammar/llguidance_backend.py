@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import llguidance
@@ -13,13 +14,15 @@ if TYPE_CHECKING:
     import torch
 
 from structspec.grammar.base import SchemaError, SchemaProblem
-from structspec.grammar.validation import find_keyword
+from structspec.grammar.validation import find_keyword, pointer
 
 # Compact JSON: no optional whitespace, so structure is forced byte for byte and the
 # schema proposer can draft all of it. Output is still plain JSON.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
+_UNKNOWN_FORMAT = re.compile(r"Unknown format: ?([^\n]*)")
+_MAX_REWRITES = 32
 
 
 class LLGuidanceMatcher:
@@ -73,13 +76,14 @@ class LLGuidanceBackend:
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size)
 
     def compile(self, schema: dict) -> LLGuidanceGrammar:
-        return LLGuidanceGrammar(self.tokenizer, build_grammar(schema, self.tokenizer))
+        return LLGuidanceGrammar(self.tokenizer, prepare(schema, self.tokenizer).grammar)
 
     def compile_verbatim(self, schema: dict, document: str, default: bool) -> LLGuidanceGrammar:
         """`schema` with its verbatim strings limited to spans of `document` (verbatim.py)."""
         from structspec.grammar.verbatim import build_lark
 
-        lark = build_lark(schema, document, default, JSON_OPTIONS)
+        prepared = prepare(schema, self.tokenizer)  # the same format/oneOf handling as the plain grammar
+        lark = build_lark(prepared.schema, document, default, prepared.options)
         grammar = LLMatcher.grammar_from_lark(lark)
         is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
         if is_error:
@@ -88,13 +92,77 @@ class LLGuidanceBackend:
         return LLGuidanceGrammar(self.tokenizer, grammar)
 
 
+@dataclass
+class Prepared:
+    grammar: str
+    schema: dict  # what was compiled: unknown formats dropped
+    options: dict  # llguidance JSON options used
+    warnings: list[SchemaProblem]  # what the grammar does not enforce exactly
+
+
+def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> Prepared:
+    """The llguidance grammar for `schema`; raises SchemaError. Needs no tokenizer to check.
+
+    Two things the engine cannot enforce compile anyway, with a warning, because every result
+    is validated with jsonschema afterwards (a violation fails the job naming the keyword):
+      * a `format` llguidance does not know is dropped: JSON Schema treats unknown formats as
+        annotations, and so does jsonschema's validation;
+      * a `oneOf` whose branches llguidance cannot prove disjoint is enforced as `anyOf`.
+    """
+    options, warnings, current = dict(JSON_OPTIONS), [], schema
+    for _ in range(_MAX_REWRITES):
+        grammar = LLMatcher.grammar_from_json_schema(json.dumps(current), overrides=options)
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        if not is_error:
+            return Prepared(grammar, current, options, warnings)
+        message = messages[0]
+        unknown = _UNKNOWN_FORMAT.search(message)
+        if unknown:
+            fmt = unknown.group(1).strip()
+            current, paths = drop_format(current, fmt)
+            if not paths:
+                break
+            warnings += [SchemaProblem(p, f"format {fmt!r} is unknown to the grammar engine and not enforced "
+                                          f"(an annotation, as in JSON Schema)", "format") for p in paths]
+            continue
+        if "coerce_one_of" in message and not options.get("coerce_one_of"):
+            options["coerce_one_of"] = True
+            warnings += [SchemaProblem(p, "oneOf is generated as anyOf; a value that matches several branches "
+                                          "fails validation after generation", "oneOf")
+                         for p in find_keyword(current, "oneOf")]
+            continue
+        raise SchemaError(_problems(schema, message))
+    raise SchemaError(_problems(schema, message))
+
+
 def build_grammar(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> str:
-    """The llguidance grammar for `schema`; raises SchemaError. Needs no tokenizer to check."""
-    grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema), overrides=JSON_OPTIONS)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
-    if is_error:
-        raise SchemaError(_problems(schema, messages[0]))
-    return grammar
+    """The llguidance grammar for `schema` (see `prepare`); raises SchemaError."""
+    return prepare(schema, tokenizer).grammar
+
+
+def drop_format(schema, fmt: str, path: tuple = ()) -> tuple[object, list[str]]:
+    """Copy of `schema` without `"format": fmt` anywhere; the JSON pointers it was removed at."""
+    if isinstance(schema, list):
+        found: list[str] = []
+        out = []
+        for i, item in enumerate(schema):
+            new, paths = drop_format(item, fmt, path + (i,))
+            out.append(new)
+            found += paths
+        return out, found
+    if not isinstance(schema, dict):
+        return schema, []
+    found, out = [], {}
+    for k, v in schema.items():
+        if k == "format" and v == fmt:
+            found.append(pointer(path + (k,)))
+            continue
+        if k in ("enum", "const", "examples", "default"):
+            out[k] = v
+            continue
+        out[k], paths = drop_format(v, fmt, path + (k,))
+        found += paths
+    return out, found
 
 
 def _problems(schema: dict, message: str) -> list[SchemaProblem]:

@@ -14,6 +14,8 @@ SUPPORTED_DRAFTS = {
     "https://json-schema.org/draft/2020-12/schema": jsonschema.Draft202012Validator,
     "https://json-schema.org/draft/2019-09/schema": jsonschema.Draft201909Validator,
     "http://json-schema.org/draft-07/schema": jsonschema.Draft7Validator,
+    "http://json-schema.org/draft-06/schema": jsonschema.Draft6Validator,
+    "http://json-schema.org/draft-04/schema": jsonschema.Draft4Validator,
 }
 
 

@@ -29,6 +29,19 @@ def test_register_returns_201_with_the_new_record(client):
     assert body["warnings"] == []
 
 
+def test_what_the_grammar_cannot_enforce_registers_with_warnings_naming_it(client):
+    schema = {"type": "object", "properties": {"site": {"type": "string", "format": "url"},
+                                               "v": {"oneOf": [{"type": "string"}, {"type": "string", "maxLength": 3}]}}}
+    r = register(client, name="warned", schema=schema)
+    assert r.status_code == 201, r.text
+    warnings = r.json()["warnings"]
+    assert len(warnings) == 2
+    assert warnings[0].startswith("/properties/site/format [format]: format 'url' is unknown")
+    assert warnings[1].startswith("/properties/v/oneOf [oneOf]: oneOf is generated as anyOf")
+    again = register(client, name="warned", schema=schema)  # the same content again says the same
+    assert again.status_code == 200 and again.json()["warnings"] == warnings
+
+
 def test_same_content_again_returns_200_with_the_existing_record(client):
     first = register(client).json()
     # Same schema, other key order: the content hash ignores order and whitespace.

@@ -36,7 +36,7 @@ class SchemaService:
         name already has the same content, return it instead. Returns (record, created)."""
         check_name(data.name)
         self._check_size(data.schema)
-        check_usable(data.schema)
+        warnings = check_usable(data.schema)
         from structspec.grammar import schema_hash
 
         digest = schema_hash(data.schema)
@@ -47,10 +47,10 @@ class SchemaService:
                     repo.lock_name(data.name)
                     existing = repo.find_by_hash(data.name, digest)
                     if existing is not None:
-                        return to_registered(existing), False
+                        return to_registered(existing, warnings), False
                     record = repo.add(name=data.name, version=repo.max_version(data.name) + 1,
                                       body=data.schema, hash_=digest, description=data.description)
-                    return to_registered(record), True
+                    return to_registered(record, warnings), True
             except IntegrityError:
                 if attempt == _VERSION_RETRIES - 1:
                     raise
@@ -109,13 +109,14 @@ def check_name(name: str) -> None:
                        source="body")])
 
 
-def check_usable(schema: dict[str, Any]) -> None:
-    """422 unless the schema is valid JSON Schema that the grammar engine can enforce."""
+def check_usable(schema: dict[str, Any]) -> list[str]:
+    """422 unless the schema is valid JSON Schema that the grammar engine can enforce; the
+    warnings ("path [keyword]: what is not enforced") otherwise."""
     # Imported here: structspec.grammar pulls in torch (~2 s) and the API must start fast.
     from structspec.grammar import SchemaError, check_schema
 
     try:
-        check_schema(schema)
+        return [str(SchemaError([w])) for w in check_schema(schema)]
     except SchemaError as e:
         raise UnprocessableError("schema is not usable", [
             ErrorItem(path=p.path, keyword=p.keyword, message=p.message, source="schema") for p in e.problems
@@ -135,9 +136,9 @@ def to_summary(r: SchemaRecord) -> SchemaSummary:
                          created_at=r.created_at, updated_at=r.updated_at)
 
 
-def to_registered(r: SchemaRecord) -> SchemaRegistered:
+def to_registered(r: SchemaRecord, warnings: list[str] = ()) -> SchemaRegistered:
     return SchemaRegistered(id=r.id, name=r.name, version=r.version, hash=r.hash, description=r.description,
-                            created_at=r.created_at, updated_at=r.updated_at)
+                            created_at=r.created_at, updated_at=r.updated_at, warnings=list(warnings))
 
 
 def to_detail(r: SchemaRecord) -> SchemaDetail:
