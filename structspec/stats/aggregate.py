@@ -10,6 +10,7 @@ at its last update (`seen_at`); its decayed counts are brought forward lazily.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ def mode_views(views: list["ArmView"], verbatim: bool) -> list["ArmView"]:
     for v in views:
         if v.strategy.endswith(VERBATIM) == verbatim:
             plain = v.strategy[:-len(VERBATIM)] if verbatim else v.strategy
-            out.append(ArmView(plain, v.draft_len, v.passes, v.decode_s, v.accepted_by_position, v.requests))
+            out.append(dataclasses.replace(v, strategy=plain))
     return out
 
 
@@ -103,8 +104,10 @@ class ArmAggregate:
     def decayed(self, clock: int, half_life: float) -> "ArmView":
         """The decayed counts as of schema request clock `clock`."""
         g = decay_factor(half_life, clock - self.seen_at)
+        passes = self.target_passes or 1
         return ArmView(self.strategy, self.draft_len, self.d_passes * g, self.d_decode_s * g,
-                       [x * g for x in self.d_accepted_by_position], self.d_requests * g)
+                       [x * g for x in self.d_accepted_by_position], self.d_requests * g,
+                       drafted_by_position=[p / passes for p in self.proposed_by_position])
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,13 @@ class ArmView:
     decode_s: float
     accepted_by_position: list[float]
     requests: float = 0.0
+    # share of passes whose (grammar-cut) draft reached position i: exact totals, not decayed
+    drafted_by_position: list[float] = field(default_factory=list)
+
+    @property
+    def drafted_per_pass(self) -> float:
+        """Draft tokens the target verified per pass, on average (what a pass costs grows with)."""
+        return sum(self.drafted_by_position)
 
 
 def _add_lists(a: list, b: list, n: int) -> list:

@@ -216,3 +216,32 @@ def test_verbatim_jobs_fold_into_their_own_arms_and_the_selector_sees_one_mode()
     assert [(v.strategy, v.requests) for v in mode_views(views, False)] == [("ngram", 1)]
     assert [(v.strategy, v.requests) for v in mode_views(views, True)] == [("ngram", 1)]
     assert mode_views([free.decayed(2, 0)], True) == []  # a new mode starts from nothing
+
+
+def test_auto_drafts_past_the_probe_length_when_deep_positions_keep_being_accepted():
+    """Acceptance 0.98 at every position: k=16 is best. Positions past the probe's k=8 are only
+    reached by trying, and their prior follows the acceptance measured before them."""
+    profile = {"composite": [0.98] * 16, "schema": [0.6, 0.5], "ngram": [0.4]}
+    cfg = SelectorConfig()
+    best, best_tps = best_rate(profile, cfg)
+    assert best == Choice("composite", 16)
+    schema, rng = SimulatedSchema(profile), random.Random(21)
+    picks = run_many(schema, Selector(cfg), rng, 200)
+    pick = Selector(cfg).choose(schema.views())
+    assert pick.strategy == "composite" and pick.draft_len >= 12, pick
+    assert true_rate(profile, pick) >= 0.9 * best_tps
+    assert sum(true_rate(profile, c) for c in picks[-50:]) / 50 >= 0.85 * best_tps
+
+
+def test_pass_cost_follows_the_tokens_verified_not_the_k_asked_for():
+    """A proposer whose drafts are mostly cut short costs what it verifies."""
+    cheap = ArmAggregate("ngram", 16)  # asked for 16, verified ~2 a pass
+    full = ArmAggregate("composite", 4)  # asked for 4, verified 4 a pass
+    for arm, drafted, per_pass in ((cheap, [10, 10, 0, 0] + [0] * 12, 0.030), (full, [10] * 4, 0.050)):
+        arm.add({"output_tokens": 20, "target_passes": 10, "proposed": sum(drafted), "accepted": 0,
+                 "decode_s": 10 * per_pass, "accepted_by_position": [0] * len(drafted),
+                 "proposed_by_position": drafted}, 0, 0)
+    views = [cheap.decayed(2, 0), full.decayed(2, 0)]
+    assert views[0].drafted_per_pass == pytest.approx(2.0) and views[1].drafted_per_pass == pytest.approx(4.0)
+    cost = PassCost.fit(views, SelectorConfig(prior_passes=0.1))
+    assert cost.b > 0.005  # ~10 ms per verified token: the slope is seen across the two arms
