@@ -68,10 +68,13 @@ def has_undeclared_key(schema: Any, instance: Any) -> bool:
     """Whether `instance` carries a key that an object of the closed `schema` would refuse
     (an approximation: any object in the instance with a key no `properties` in the schema names)."""
     declared: set[str] = set()
+    closes = False  # some object lists `properties` (even none): close_objects may close it
 
     def names(node: Any) -> None:
+        nonlocal closes
         if isinstance(node, dict):
             if isinstance(node.get("properties"), dict):
+                closes = True
                 declared.update(node["properties"])
             for v in node.values():
                 names(v)
@@ -89,7 +92,7 @@ def has_undeclared_key(schema: Any, instance: Any) -> bool:
                 yield from keys(v)
 
     names(schema)
-    return bool(declared) and any(k not in declared for k in keys(instance))
+    return closes and any(k not in declared for k in keys(instance))
 
 
 class Checker:

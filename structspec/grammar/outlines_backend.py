@@ -604,7 +604,15 @@ def _check(node: Any, path: tuple, root: Any, refs: list[str], out: list[SchemaP
         if branch == "allOf" and len(subs) != 1:
             bad("allOf", "outlines concatenates allOf branches; only a single-entry allOf "
                 "is supported")
+        if branch == "oneOf":  # the conformance runner saw outlines accept values no branch allows
+            bad("oneOf", "outlines does not enforce oneOf exactly (it can accept a value that matches "
+                "no branch or several); use the llguidance backend")
+            return
         for i, sub in enumerate(subs):
+            if sub == {} and branch in ("prefixItems", "anyOf"):
+                bad(branch, f"an unconstrained ({{}}) {branch} entry lets outlines accept values the schema "
+                    "refuses (seen: extra array items); give the entry a type")
+                continue
             _check(sub, path + (branch, i), root, refs, out)
     elif branch in ("enum", "const"):
         values = node[branch] if branch == "enum" else [node[branch]]
