@@ -45,3 +45,10 @@ def test_older_drafts_are_checked_against_their_own_meta_schema(draft):
     assert check_schema({"$schema": draft, "type": "object", "properties": {"a": {"type": "integer"}}}) == []
     with pytest.raises(SchemaError, match="type"):
         check_schema({"$schema": draft, "type": "objekt"})
+
+
+def test_a_grammar_past_the_engine_limits_is_refused_not_left_to_a_worker():
+    """llguidance's own construction limits (lexer size, fuel) turn a runaway schema into a
+    SchemaError at registration: here a 100,000-value enum (~1.3 s to hit the limit)."""
+    with pytest.raises(SchemaError, match="too big"):
+        check_schema({"enum": [f"value-{i}" for i in range(100_000)]})
