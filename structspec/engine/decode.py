@@ -111,7 +111,10 @@ class Decoder:
             return copy.deepcopy(self._memo[1])
         cache = DynamicCache(config=self.model.config)
         if len(prompt) > 1:
-            self.forward(prompt[:-1], cache)
+            ids = torch.tensor([prompt[:-1]], dtype=torch.long, device=self.device)
+            # Only the cache is needed: logits for every prompt position would be [~2k, V] floats
+            # (~400 MB at V=49k) and a matmul as large as the rest of the prefill on a CPU.
+            self.model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
         self._memo = (key, copy.deepcopy(cache)) if self.memo_prefill else None
         return cache
 
