@@ -13,16 +13,14 @@ output is token-identical across arms (checked), so tokens/s ratios are decode-t
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from tqdm import tqdm
 
-from structspec.bench.strategies import load_dataset
+from structspec.bench.strategies import load_dataset, write_report
 from structspec.engine.engine import Engine, ExtractOptions
 from structspec.engine.prompt import DocumentTooLong
 from structspec.stats.aggregate import ArmAggregate, arm_strategy, mode_views
@@ -160,11 +158,8 @@ def run_auto_bench(args, engine: Engine) -> int:
           f"wall={time.perf_counter() - t0:.0f}s")
     print(table)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "auto.json").write_text(json.dumps({"summaries": summaries, "verdict": verdict,
-                                                   "records": records}, indent=1))
-        print(f"records written to {out / 'auto.json'}")
+        path = write_report(args.out, "auto.json", {"summaries": summaries, "verdict": verdict, "records": records})
+        print(f"records written to {path}")
     if any(s["identical_to_none"] != s["documents"] for s in summaries):
         print("WARNING: some outputs differ from none", file=sys.stderr)
         return 1

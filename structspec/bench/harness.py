@@ -30,7 +30,7 @@ from typing import Any
 from tqdm import tqdm
 
 from structspec.bench.auto import InMemoryStats
-from structspec.bench.strategies import field_accuracy, load_dataset
+from structspec.bench.strategies import field_accuracy, load_dataset, write_report
 from structspec.engine.engine import Engine, ExtractOptions
 from structspec.engine.prompt import DocumentTooLong, build_prompt
 from structspec.engine.proposers import STRATEGIES
@@ -376,9 +376,7 @@ def run_harness(args, engine: Engine) -> int:
           f"warm-up={len(warm)} documents={len({r['id'] for r in records})} wall={time.perf_counter() - t0:.0f}s")
     print(markdown_table(summaries))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps({"summaries": summaries, "records": records}, indent=1))
-        paths = plot(summaries, records, out)
-        print(f"records written to {out / 'bench.json'}; plots: {', '.join(str(p) for p in paths)}")
+        path = write_report(args.out, "bench.json", {"summaries": summaries, "records": records})
+        paths = plot(summaries, records, path.parent)
+        print(f"records written to {path}; plots: {', '.join(str(p) for p in paths)}")
     return 0

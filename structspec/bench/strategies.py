@@ -39,6 +39,14 @@ def load_dataset(path: str, limit: int, max_chars: int = 0) -> list[dict]:
     return rows
 
 
+def write_report(out_dir: str, filename: str, payload: dict) -> Path:
+    """`payload` as indented JSON in `out_dir` (created if needed); the file's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / filename).write_text(json.dumps(payload, indent=1))
+    return out / filename
+
+
 def leaves(value, path: str = "") -> dict[str, tuple]:
     """(kind, value) of every leaf by JSON pointer; strings with whitespace runs collapsed,
     numbers as floats (1 == 1.0, but never == true)."""
@@ -156,10 +164,8 @@ def run_strategy_bench(args, engine: Engine) -> int:
           f"documents={len({r['id'] for r in records})} wall={time.perf_counter() - t0:.0f}s")
     print(markdown_table(summaries))
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "strategies.json").write_text(json.dumps({"summaries": summaries, "records": records}, indent=1))
-        print(f"records written to {out / 'strategies.json'}")
+        path = write_report(args.out, "strategies.json", {"summaries": summaries, "records": records})
+        print(f"records written to {path}")
     mismatches = [s["system"] for s in summaries if s["identical_to_none"] != s["documents"]]
     if mismatches:
         print(f"WARNING: outputs differ from none for {mismatches}", file=sys.stderr)
