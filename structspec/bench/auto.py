@@ -23,28 +23,10 @@ from tqdm import tqdm
 from structspec.bench.strategies import load_dataset, write_report
 from structspec.engine.engine import Engine, ExtractOptions
 from structspec.engine.prompt import DocumentTooLong
-from structspec.stats.aggregate import ArmAggregate, arm_strategy, mode_views
+from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import PROPOSING, Selector, SelectorConfig
 
 AUTO = "auto"
-
-
-class InMemoryStats:
-    """One stats key's arms, folded with the same arithmetic as the database repository."""
-
-    def __init__(self, half_life: float):
-        self.half_life = half_life
-        self.arms: dict[tuple[str, int], ArmAggregate] = {}
-        self.clock = 0
-
-    def views(self, verbatim: bool = False):
-        return mode_views([a.decayed(self.clock, self.half_life) for a in self.arms.values()], verbatim)
-
-    def record(self, stats: dict) -> None:
-        key = (arm_strategy(stats), stats["draft_len"])
-        arm = self.arms.setdefault(key, ArmAggregate(*key))
-        arm.add(stats, self.clock, self.half_life)
-        self.clock += 1
 
 
 def arm_name(strategy: str, draft_len: int) -> str:

@@ -29,13 +29,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from structspec.bench.auto import InMemoryStats
 from structspec.bench.strategies import field_accuracy, load_dataset, write_report
 from structspec.engine.engine import Engine, ExtractOptions
 from structspec.engine.prompt import DocumentTooLong, build_prompt
 from structspec.engine.proposers import STRATEGIES
 from structspec.grammar import validate_instance
 from structspec.grammar.normalize import close_objects
+from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import Selector, SelectorConfig
 
 DEFAULT_SYSTEMS = ("structspec:none,structspec:composite,structspec:auto,structspec:auto+verbatim,"

@@ -132,3 +132,22 @@ class ArmView:
 
 def _add_lists(a: list, b: list, n: int) -> list:
     return [(a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(n)]
+
+
+class InMemoryStats:
+    """One stats key's arms kept in memory, folded with the same arithmetic as the database
+    repository (benchmarks and the selector's simulations; the service uses the database)."""
+
+    def __init__(self, half_life: float):
+        self.half_life = half_life
+        self.arms: dict[tuple[str, int], ArmAggregate] = {}
+        self.clock = 0
+
+    def views(self, verbatim: bool = False) -> list["ArmView"]:
+        return mode_views([a.decayed(self.clock, self.half_life) for a in self.arms.values()], verbatim)
+
+    def record(self, stats: dict) -> None:
+        key = (arm_strategy(stats), stats["draft_len"])
+        arm = self.arms.setdefault(key, ArmAggregate(*key))
+        arm.add(stats, self.clock, self.half_life)
+        self.clock += 1

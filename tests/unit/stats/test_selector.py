@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from structspec.stats.aggregate import ArmAggregate, decay_factor
+from structspec.stats.aggregate import ArmAggregate, InMemoryStats, decay_factor
 from structspec.stats.selector import (Choice, PassCost, Selector, SelectorConfig, expected_tokens_per_pass,
                                        position_counts)
 
@@ -64,23 +64,16 @@ def simulate_job(profile: dict, choice: Choice, rng: random.Random) -> dict:
             "accepted_by_position": acc_pos, "proposed_by_position": prop_pos}
 
 
-class SimulatedSchema:
-    """The database's aggregates for one schema, kept in memory with the same arithmetic."""
+class SimulatedSchema(InMemoryStats):
+    """One schema's aggregates in memory, fed by simulated jobs of `profile`."""
 
     def __init__(self, profile: dict):
+        super().__init__(HALF_LIFE)
         self.profile = profile
-        self.arms: dict[tuple[str, int], ArmAggregate] = {}
-        self.clock = 0
-
-    def views(self):
-        return [a.decayed(self.clock, HALF_LIFE) for a in self.arms.values()]
 
     def run(self, selector: Selector, rng: random.Random) -> Choice:
         choice = selector.choose(self.views(), rng)
-        stats = simulate_job(self.profile, choice, rng)
-        arm = self.arms.setdefault((choice.strategy, choice.draft_len), ArmAggregate(choice.strategy, choice.draft_len))
-        arm.add(stats, self.clock, HALF_LIFE)
-        self.clock += 1
+        self.record(simulate_job(self.profile, choice, rng))
         return choice
 
 
