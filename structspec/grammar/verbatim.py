@@ -79,21 +79,18 @@ def check_annotations(schema: Any) -> None:
         raise SchemaError(problems)
 
 
-def uses_verbatim(schema: Any, default: bool) -> bool:
-    """Whether any string of `schema` is verbatim under request default `default`."""
-    return _reaches_verbatim(schema, default)
-
-
-def _reaches_verbatim(node: Any, inherited: bool) -> bool:
+def uses_verbatim(node: Any, inherited: bool) -> bool:
+    """Whether any string of `node` is verbatim when the request's (or enclosing
+    subschema's) default is `inherited`."""
     if not isinstance(node, dict):
         return False
     on = node.get(KEY, inherited) is True
     if is_plain_string(node):
         return on
     if _spelled_object(node):
-        return any(_reaches_verbatim(sub, on) for sub in node["properties"].values())
+        return any(uses_verbatim(sub, on) for sub in node["properties"].values())
     if _spelled_array(node):
-        return _reaches_verbatim(node["items"], on)
+        return uses_verbatim(node["items"], on)
     return False
 
 
@@ -139,7 +136,7 @@ class _LarkWriter:
         return self.new("json", "%json " + json.dumps(sub, ensure_ascii=False))
 
     def value(self, node: Any, inherited: bool) -> str:
-        if not isinstance(node, dict) or not _reaches_verbatim(node, inherited):
+        if not isinstance(node, dict) or not uses_verbatim(node, inherited):
             return self.embed(node)
         on = node.get(KEY, inherited) is True
         if is_plain_string(node):
