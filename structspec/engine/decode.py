@@ -37,6 +37,7 @@ class DecodeOptions:
     seed: int | None = None
     max_tokens: int = 1024
     kernel_backend: str = "auto"
+    verbatim: bool = False  # the grammar limits some string values to document spans (a drafting hint)
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Decoder:
 
         t1 = time.perf_counter()
         ctx = DraftContext(matcher=matcher, output_text="", document=DocumentIndex(document),
-                           tokens=self.token_text)
+                           tokens=self.token_text, verbatim=opts.verbatim)
         generator = None
         if opts.temperature > 0:
             generator = torch.Generator(device=self.device)

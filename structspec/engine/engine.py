@@ -119,13 +119,14 @@ class Engine:
         grammar = self.grammars.get_for(schema, document, opts.verbatim)
         prompt = build_prompt(self.loaded.tokenizer, schema, document, self.loaded.context_len)
         proposer = proposer or make_proposer(opts.strategy)
+        verbatim = uses_verbatim(schema, opts.verbatim)
         out = self.decoder.run(prompt, grammar.matcher(), proposer, document,
                                DecodeOptions(draft_len=opts.draft_len, temperature=opts.temperature,
                                              seed=opts.seed, max_tokens=opts.max_tokens,
-                                             kernel_backend=self.kernel_backend))
+                                             kernel_backend=self.kernel_backend, verbatim=verbatim))
         text = self.token_text.text_of(out.tokens)
         stats = ExtractStats.build(opts, len(prompt), out.stats, out.stop_reason, time.perf_counter() - t0,
-                                   verbatim=uses_verbatim(schema, opts.verbatim))
+                                   verbatim=verbatim)
         if not out.finished:
             why = ("max_tokens reached" if out.stop_reason == "max_tokens"
                    else "the model's context is full")

@@ -55,6 +55,78 @@ class DocumentIndex:
             return tail[out_end:out_end + n_chars]
         return ""
 
+    def spans(self, value: str, n_chars: int, after: int = 0, limit: int = 4) -> list[str]:
+        """Distinct continuations (up to `n_chars` each) of `value` at the places it occurs
+        in the document; occurrences starting at or after `after` come first, since fields
+        are usually extracted in the document's order."""
+        starts = []
+        i = self.text.find(value)
+        while i != -1 and len(starts) < MAX_OCCURRENCES:
+            starts.append(i)
+            i = self.text.find(value, i + 1)
+        starts.sort(key=lambda s: (s < after, s))
+        out: list[str] = []
+        for s in starts:
+            text = self.text[s + len(value):s + len(value) + n_chars]
+            if text and text not in out:
+                out.append(text)
+                if len(out) == limit:
+                    break
+        return out
+
+    def end_of(self, value: str) -> int:
+        """Where the first occurrence of `value` ends in the document (0 if absent)."""
+        i = self.text.find(value) if value else -1
+        return i + len(value) if i >= 0 else 0
+
+
+MAX_OCCURRENCES = 256  # of one value in one document; a 4.5k-char document rarely has 20
+
+
+@dataclass
+class StringState:
+    """Where a JSON prefix ends relative to strings."""
+
+    value: str | None  # escaped content so far of the string *value* the prefix ends in, else None
+    previous: str  # escaped content of the last complete string value before that ("" if none)
+
+
+def string_state(text: str) -> StringState:
+    """Scan the JSON prefix `text` (grammar-valid, so well formed so far)."""
+    stack: list[str] = []  # "{" / "["
+    expect_key = False  # inside an object, before the next ":"
+    in_string = escaped = False
+    start = 0
+    is_value = False
+    previous = ""
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                if is_value and i > start:
+                    previous = text[start:i]
+            continue
+        if ch == '"':
+            in_string, start = True, i + 1
+            is_value = not (stack and stack[-1] == "{" and expect_key)
+        elif ch in "{[":
+            stack.append(ch)
+            expect_key = ch == "{"
+        elif ch in "}]":
+            if stack:
+                stack.pop()
+            expect_key = False
+        elif ch == ",":
+            expect_key = bool(stack) and stack[-1] == "{"
+        elif ch == ":":
+            expect_key = False
+    value = text[start:] if in_string and is_value else None
+    return StringState(value=value, previous=previous)
+
 
 def consume_valid_prefix(matcher: Matcher, tokens: list[int]) -> list[int]:
     """Advance `matcher` over the longest grammar-valid prefix of `tokens`; return that prefix."""
@@ -72,6 +144,7 @@ class DraftContext:
     output_text: str  # the text generated so far
     document: DocumentIndex
     tokens: TokenText
+    verbatim: bool = False  # some string values of the grammar can only be document spans
 
 
 class Proposer(Protocol):

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
+from structspec.engine.proposers.base import string_state
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, make_backend
 
@@ -92,3 +93,62 @@ def test_document_index_prefers_longest_match_and_searches_output():
 def test_unknown_strategy_is_rejected():
     with pytest.raises(ValueError, match="unknown strategy 'fast'"):
         make_proposer("fast")
+
+
+@pytest.mark.parametrize("prefix, value, previous", [
+    ('{"name":"Ele', "Ele", ""),
+    ('{"na', None, ""),  # in a key
+    ('{"name":"Bob","kind":"a', "a", "Bob"),
+    ('{"a":[{"b":"x"},"y\\"z', 'y\\"z', "x"),  # array items are values; escapes stay escaped
+    ('{"a":["p","q"],"', None, "q"),  # a key after an array
+    ('{"a":"x\\\\","b":1', None, "x\\\\"),  # an escaped backslash ends the string
+])
+def test_string_state_tells_values_from_keys(prefix, value, previous):
+    state = string_state(prefix)
+    assert (state.value, state.previous) == (value, previous)
+
+
+def test_spans_prefer_occurrences_after_the_previous_value():
+    index = DocumentIndex("Bob Smith paid. Bob Jones left. Bob Smith came back.")
+    assert index.spans("Bob", 6) == [" Smith", " Jones"]  # distinct continuations, document order
+    assert index.spans("Bob", 6, after=index.end_of("paid.")) == [" Jones", " Smith"]
+    assert index.spans("Nobody", 6) == []
+
+
+VERBATIM_SCHEMA = {"type": "object", "properties": {"payer": {"type": "string"}, "leaver": {"type": "string"}},
+                   "required": ["payer", "leaver"]}
+RECEIPT = "Bob Smith paid. Bob Jones left."
+
+
+def verbatim_ctx(tokenizer, prefix: str, verbatim: bool = True) -> DraftContext:
+    tt = token_text(tokenizer, len(tokenizer))
+    matcher = GrammarCache(make_backend("llguidance", tokenizer)).get_for(VERBATIM_SCHEMA, RECEIPT, True).matcher()
+    assert matcher.consume(tt.encode(prefix)), prefix
+    return DraftContext(matcher=matcher, output_text=prefix, document=DocumentIndex(RECEIPT), tokens=tt,
+                        verbatim=verbatim)
+
+
+def test_verbatim_lookup_copies_the_span_after_the_previous_value(tokenizer):
+    # The free lookup matches the tail '"Bo' in the output only: it repeats the previous value.
+    free = draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Bo', verbatim=False), "ngram", k=4)
+    assert free.startswith("b Smith")
+    # Verbatim: the value is a document span, so "Bo" is looked up whole in the document, and
+    # of its two places the one after "Bob Smith" (the previous value) comes first.
+    text = draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Bo'), "ngram", k=4)
+    assert text.startswith("b Jones")
+
+
+def test_the_grammar_picks_among_candidate_spans(tokenizer):
+    # A patterned field keeps its own grammar in a verbatim request. "AB" occurs twice; the
+    # first place goes on "-x1", which the pattern refuses after "-", the second "-12".
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+-[0-9]+$"}},
+              "required": ["code"]}
+    document = "ref AB-x1, code AB-12."
+    tt = token_text(tokenizer, len(tokenizer))
+    matcher = GrammarCache(make_backend("llguidance", tokenizer)).get_for(schema, document, True).matcher()
+    prefix = '{"code":"AB'
+    assert matcher.consume(tt.encode(prefix))
+    ctx = DraftContext(matcher=matcher, output_text=prefix, document=DocumentIndex(document), tokens=tt,
+                       verbatim=True)
+    assert ctx.document.spans("AB", 12)[0].startswith("-x1")
+    assert draft_text(ctx, "ngram", k=3).startswith("-12")
