@@ -219,9 +219,15 @@ def cmd_worker(args) -> int:
     it and the lease/redelivery machinery brings it back); N > 1 uses N prefork children, each
     loading the model once."""
     from worker.app import app
+    from worker.tasks import prepare_model
 
     settings = app.structspec_settings
     pool = "solo" if args.concurrency == 1 else "prefork"
+    try:  # before connecting to the broker: a worker without a model takes no job
+        prepare_model(settings, load=pool == "solo")
+    except Exception as e:
+        raise CliError(f"worker cannot load model {settings.model!r}: {' '.join(str(e).split())[:1000]}; "
+                       "not consuming jobs (they stay queued)") from e
     argv = ["worker", f"--pool={pool}", f"--concurrency={args.concurrency}", f"--queues={settings.job_queue}",
             f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
     if args.hostname:

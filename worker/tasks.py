@@ -60,6 +60,25 @@ class _Process:
 PROCESS = _Process()
 
 
+def prepare_model(settings: Settings, *, load: bool) -> None:
+    """Before the worker consumes anything: load the model into this process (`load`, the solo
+    pool) or check that its config and tokenizer load (prefork: the children load the weights).
+    Raises ModelLoadError naming the model, so a worker that cannot run jobs never takes one."""
+    if load:
+        PROCESS.engine(settings)
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    from structspec.engine.model import ModelLoadError, model_dir
+
+    path, _ = model_dir(settings.model, settings.cache_dir)
+    try:
+        AutoConfig.from_pretrained(path)
+        AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"could not load model {settings.model!r} from {path}: {e}") from e
+
+
 class JobTask(Task):
     """Base task: settings from the app, engine and sessions from this process."""
 

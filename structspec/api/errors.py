@@ -16,6 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 import msgspec
+import sqlalchemy.exc as sa_exc
 from litestar import MediaType, Request, Response
 from litestar.exceptions import (HTTPException, NotFoundException, SerializationException,
                                  ValidationException)
@@ -84,9 +85,34 @@ def handle_exception(request: Request, exc: Exception) -> Response[ErrorBody]:
         return error_response(_from_undecodable(exc))
     if isinstance(exc, HTTPException) and exc.status_code < 500:
         return error_response(_from_client_exception(request, exc), exc.headers)  # e.g. Allow on 405
+    if is_database_unavailable(exc):
+        log.warning("database unavailable in %s %s: %s", request.method, request.url.path, one_line(exc))
+        return error_response(database_unavailable(exc), {"retry-after": "5"})
     log.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
     status = exc.status_code if isinstance(exc, HTTPException) else 500
     return error_response(ErrorBody(status_code=status, detail=HTTPStatus(status).phrase.lower()))
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    """The database could not be reached or dropped the connection: refused, timed out, closed
+    or terminated by the server, or no pooled connection in time. The pool has already
+    invalidated a disconnected connection, so the next request gets a fresh one."""
+    if isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError,
+                        sa_exc.DisconnectionError)):
+        return True
+    return isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
+
+
+def database_unavailable(exc: BaseException) -> ErrorBody:
+    return ErrorBody(status_code=503, detail="the database is unavailable; retry later",
+                     errors=[ErrorItem(message=one_line(exc), source="database")])
+
+
+def one_line(exc: BaseException) -> str:
+    """The error on one line, at most 300 characters, without SQLAlchemy's SQL and link tail."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None:
+        exc = exc.orig
+    return (" ".join(str(exc).split()) or type(exc).__name__)[:300]
 
 
 _MALFORMED = "JSON is malformed"  # msgspec's prefix, redundant after ours

@@ -125,6 +125,8 @@ def model_dir(spec: str, cache_dir: Path) -> tuple[str, str | None]:
             raise ModelLoadError(f"GGUF file not found: {gguf}")
     else:
         p = Path(spec).expanduser()
+        if not p.exists() and spec.startswith(("/", "./", "../", "~")):  # a path, not a hub id
+            raise ModelLoadError(f"model directory not found: {p}")
         if p.exists() and not (p / "config.json").is_file():
             raise ModelLoadError(f"{p} exists but has no config.json; give a model directory, "
                                  "a .gguf file or a Hugging Face model id")

@@ -8,7 +8,7 @@ import logging
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from structspec.api.errors import ErrorItem
+from structspec.api.errors import ErrorItem, one_line
 from structspec.api.structs import HealthFailure, HealthReport
 from structspec.db.session import ensure_sqlite_dir
 
@@ -84,12 +84,5 @@ def _outcome(future: cf.Future, timeout: float) -> str:
     if exc is None:
         return "ok"
     log.warning("health check failed: %s", exc)
-    return f"error: {_one_line(exc)}"
-
-
-def _one_line(exc: BaseException) -> str:
-    if isinstance(exc, sa.exc.DBAPIError) and exc.orig is not None:
-        exc = exc.orig  # drop SQLAlchemy's "[SQL: ...]" and "Background on this error" tail
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text[:300]
+    return f"error: {one_line(exc)}"
 
