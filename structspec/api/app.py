@@ -15,6 +15,7 @@ from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
+from structspec.api.openapi import StrictStructSchemaPlugin
 from structspec.api.schemas import SchemaController
 from structspec.api.services.health import HealthService
 from structspec.config import Settings
@@ -47,6 +48,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                      "session_factory": make_session_factory(engine), "health": health,
                      "publisher": publisher}),
         exception_handlers={Exception: handle_exception},
+        plugins=[StrictStructSchemaPlugin()],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="structspec", version=API_VERSION, path="/schema",
