@@ -51,7 +51,8 @@ class SchemaController(Controller):
         record, created = schemas.register(data)
         return Response(record, status_code=201 if created else 200)
 
-    @get("/", sync_to_thread=True, summary="List live schemas (all versions), by name then newest version")
+    @get("/", sync_to_thread=True, summary="List live schemas (all versions), by name then newest version",
+         responses=_errors(422))
     def list_schemas(self, schemas: Schemas,
                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
                      offset: Annotated[int, QueryParameter(ge=0)] = 0,
@@ -64,7 +65,7 @@ class SchemaController(Controller):
         return schemas.get(schema_id)
 
     @get("/by-name/{name:str}", sync_to_thread=True, summary="Latest live version of a name, or ?version=N",
-         responses=_errors(404))
+         responses=_errors(404, 422))
     def get_by_name(self, name: FromPath[str], schemas: Schemas,
                     version: Annotated[int | None, QueryParameter(ge=1)] = None) -> SchemaDetail:
         return schemas.get_by_name(name, version)
