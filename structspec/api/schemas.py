@@ -16,6 +16,11 @@ from structspec.api.services.stats import StatsService
 from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered, SchemaStats, StrategyPin
 
 
+# Bounds of the database columns an integer parameter is compared with (PostgreSQL integer and
+# bigint; SQLite integers are 64-bit): past them the driver raises instead of finding nothing.
+MAX_INT = 2**31 - 1
+MAX_BIGINT = 2**63 - 1
+
 # Any string: a malformed id is an unknown id (404 naming it), not "no route".
 SchemaId = Annotated[str, PathParameter(description="schema version id (UUID)")]
 Schemas = NamedDependency[SchemaService]
@@ -55,7 +60,7 @@ class SchemaController(Controller):
          responses=_errors(422))
     def list_schemas(self, schemas: Schemas,
                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
-                     offset: Annotated[int, QueryParameter(ge=0)] = 0,
+                     offset: Annotated[int, QueryParameter(ge=0, le=MAX_BIGINT)] = 0,
                      name: Annotated[str | None, QueryParameter(description="only this name")] = None) -> SchemaPage:
         return schemas.list(limit=limit, offset=offset, name=name)
 
@@ -67,7 +72,7 @@ class SchemaController(Controller):
     @get("/by-name/{name:str}", sync_to_thread=True, summary="Latest live version of a name, or ?version=N",
          responses=_errors(404, 422))
     def get_by_name(self, name: FromPath[str], schemas: Schemas,
-                    version: Annotated[int | None, QueryParameter(ge=1)] = None) -> SchemaDetail:
+                    version: Annotated[int | None, QueryParameter(ge=1, le=MAX_INT)] = None) -> SchemaDetail:
         return schemas.get_by_name(name, version)
 
     @delete("/{schema_id:str}", sync_to_thread=True, status_code=204, summary="Soft-delete one version",
