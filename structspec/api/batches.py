@@ -102,7 +102,8 @@ def decode_batch(body: bytes) -> BatchCreate:
         raise BadRequestError("request body is required (a JSON object)",
                               [ErrorItem(message="request body is empty", source="body")])
     try:
-        return msgspec.json.decode(body, type=BatchCreate)
+        # strict=False: the same conversions as the bodies Litestar decodes (e.g. 49.0 for an integer)
+        return msgspec.json.decode(body, type=BatchCreate, strict=False)
     except msgspec.ValidationError as e:
         path = _path(str(e))
         raise UnprocessableError(f"invalid request body: {e}", [ErrorItem(path=path, message=str(e), source="body")]) from None
