@@ -18,8 +18,9 @@ from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, Schem
 
 # Bounds of the database columns an integer parameter is compared with (PostgreSQL integer and
 # bigint; SQLite integers are 64-bit): past them the driver raises instead of finding nothing.
+# (2^53 - 1 rather than 2^63 - 1 for bigint: the document states bounds as JSON numbers, exact to 2^53.)
 MAX_INT = 2**31 - 1
-MAX_BIGINT = 2**63 - 1
+MAX_OFFSET = 2**53 - 1
 
 # Any string: a malformed id is an unknown id (404 naming it), not "no route".
 SchemaId = Annotated[str, PathParameter(description="schema version id (UUID)")]
@@ -60,7 +61,7 @@ class SchemaController(Controller):
          responses=_errors(422))
     def list_schemas(self, schemas: Schemas,
                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
-                     offset: Annotated[int, QueryParameter(ge=0, le=MAX_BIGINT)] = 0,
+                     offset: Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET)] = 0,
                      name: Annotated[str | None, QueryParameter(description="only this name")] = None) -> SchemaPage:
         return schemas.list(limit=limit, offset=offset, name=name)
 
