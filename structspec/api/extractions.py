@@ -33,7 +33,8 @@ class ExtractionController(Controller):
           responses={200: ResponseSpec(data_container=JobRead, description="finished within `wait`",
                                        generate_examples=False), **_errors(400, 404, 413, 422, 503)})
     def submit(self, data: JSONBody[ExtractionCreate], jobs: Jobs,
-               wait: Annotated[float | None, QueryParameter(ge=0, le=60)] = None) -> Response[JobAccepted]:
+               # schema_extra: Litestar drops ge=0 from the document for an optional float
+               wait: Annotated[float | None, QueryParameter(ge=0, le=60, schema_extra={"minimum": 0})] = None) -> Response[JobAccepted]:
         accepted = jobs.submit(data)
         if wait:
             job = jobs.wait(accepted.id, wait)
