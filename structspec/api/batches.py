@@ -17,7 +17,7 @@ from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
 from structspec.api.extractions import provide_job_service
 from structspec.api.schemas import _errors
 from structspec.api.services.jobs import JobService
-from structspec.api.structs import STRATEGIES, BatchAccepted, BatchCreate, BatchRead, JobOptions
+from structspec.api.structs import NO_NUL, STRATEGIES, BatchAccepted, BatchCreate, BatchRead, JobOptions
 
 BatchId = Annotated[str, PathParameter(description="batch id (UUID)")]
 Jobs = NamedDependency[JobService]
@@ -28,7 +28,7 @@ _OPTION = "NDJSON body only (a JSON body carries its options)"
 # not JSON). Entries are documented as they should be; a bad one is reported in `rejected`.
 _ENTRY = Schema(type=OpenAPIType.OBJECT, required=["document"], additional_properties=False,
                 properties={"id": Schema(one_of=[Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.INTEGER)]),
-                            "document": Schema(type=OpenAPIType.STRING)})
+                            "document": Schema(type=OpenAPIType.STRING, pattern=NO_NUL)})
 BATCH_BODY = RequestBody(required=True, content={
     "application/json": OpenAPIMediaType(schema=Schema(
         type=OpenAPIType.OBJECT, required=["documents", "schema_id"], additional_properties=False,

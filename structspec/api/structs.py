@@ -13,6 +13,8 @@ from structspec.api.errors import ErrorItem
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
 STRATEGIES = ["auto", "none", "schema", "ngram", "composite"]
+# PostgreSQL text cannot hold U+0000, so stored free text refuses it (on every backend alike).
+NO_NUL = r"^[^\x00]*$"
 
 
 def _documented(**keywords: Any) -> dict[str, Any]:
@@ -32,7 +34,7 @@ class SchemaCreate(msgspec.Struct, forbid_unknown_fields=True):
     schema: Annotated[dict[str, Any], msgspec.Meta(
         description="a JSON Schema (Draft 2020-12 unless $schema says draft-07 or 2019-09)",
         examples=[{"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}])]
-    description: Annotated[str, msgspec.Meta(max_length=10_000)] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=10_000, pattern=NO_NUL)] | None = None
 
 
 class SchemaSummary(msgspec.Struct, kw_only=True):
@@ -104,7 +106,7 @@ class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
     schema_id: str | None = None
     schema: dict[str, Any] | None = None
-    document: str
+    document: Annotated[str, msgspec.Meta(pattern=NO_NUL, description="the text; no U+0000")]
     options: JobOptions | None = None
 
     # exactly one of schema_id and schema, not null (structspec.api.openapi)
