@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from litestar import Litestar
+from litestar.routes import HTTPRoute
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
@@ -15,6 +16,7 @@ from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
+from structspec.api.openapi import StrictStructSchemaPlugin
 from structspec.api.schemas import SchemaController
 from structspec.api.services.health import HealthService
 from structspec.config import Settings
@@ -47,17 +49,39 @@ def create_app(settings: Settings | None = None) -> Litestar:
                      "session_factory": make_session_factory(engine), "health": health,
                      "publisher": publisher}),
         exception_handlers={Exception: handle_exception},
+        plugins=[StrictStructSchemaPlugin()],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="structspec", version=API_VERSION, path="/schema",
             description="Register JSON Schemas; get schema-valid JSON extracted from documents.",
             render_plugins=[SwaggerRenderPlugin(), JsonRenderPlugin(), YamlRenderPlugin()]),
         on_shutdown=[shutdown],
+        before_send=[allow_every_method],
         # Leave logging to the host process (the CLI's basicConfig, uvicorn, pytest): Litestar's
         # default config would set the root logger to INFO and print every library's chatter.
         logging_config=None,
         debug=False,
     )
+
+
+async def allow_every_method(message, scope) -> None:
+    """`Allow` on an OPTIONS answer lists every method of the path. Litestar 2.25's automatic
+    OPTIONS handler belongs to the route built for the path's first handler and lists only its
+    methods (OPTIONS /v1/schemas said `GET, OPTIONS`, without POST)."""
+    if message["type"] != "http.response.start" or scope.get("method") != "OPTIONS":
+        return
+    allowed = _allowed_methods(scope["litestar_app"]).get(scope.get("path_template"))
+    if allowed:
+        message["headers"] = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"allow"]
+        message["headers"].append((b"allow", allowed.encode()))
+
+
+def _allowed_methods(app: Litestar) -> dict[str, str]:
+    table = app.state.get("_allowed_methods")
+    if table is None:
+        table = {r.path_format: ", ".join(sorted(r.methods)) for r in app.routes if isinstance(r, HTTPRoute)}
+        app.state["_allowed_methods"] = table
+    return table
 
 
 def create_app_from_env() -> Litestar:

@@ -2,24 +2,49 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import anyio
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, get, post
 from litestar.di import NamedDependency, Provide
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Reference, RequestBody, Schema
 from litestar.params import PathParameter, QueryParameter
 from litestar.response import Stream
 
-from structspec.api.errors import BadRequestError, ErrorItem
+from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
 from structspec.api.extractions import provide_job_service
 from structspec.api.schemas import _errors
 from structspec.api.services.jobs import JobService
-from structspec.api.structs import BatchAccepted, BatchCreate, BatchRead, JobOptions
+from structspec.api.structs import NO_NUL, STRATEGIES, BatchAccepted, BatchCreate, BatchRead, JobOptions
 
 BatchId = Annotated[str, PathParameter(description="batch id (UUID)")]
 Jobs = NamedDependency[JobService]
 NDJSON = "application/x-ndjson"
+_OPTION = "NDJSON body only (a JSON body carries its options)"
+
+# The request body, for the document only: the handler reads the raw body itself (NDJSON is
+# not JSON). Entries are documented as they should be; a bad one is reported in `rejected`.
+_ENTRY = Schema(type=OpenAPIType.OBJECT, required=["document"], additional_properties=False,
+                properties={"id": Schema(one_of=[Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.INTEGER)]),
+                            "document": Schema(type=OpenAPIType.STRING, pattern=NO_NUL)})
+BATCH_BODY = RequestBody(required=True, content={
+    "application/json": OpenAPIMediaType(schema=Schema(
+        type=OpenAPIType.OBJECT, required=["documents", "schema_id"], additional_properties=False,
+        properties={"schema_id": Schema(type=OpenAPIType.STRING),
+                    "documents": Schema(type=OpenAPIType.ARRAY, items=_ENTRY, min_items=1),
+                    "options": Schema(one_of=[Reference(ref="#/components/schemas/JobOptions"),
+                                              Schema(type=OpenAPIType.NULL)])})),
+    NDJSON: OpenAPIMediaType(schema=Schema(
+        type=OpenAPIType.STRING, description='one {"id"?: string | integer, "document": string} per line')),
+})
+
+
+@dataclass
+class BatchSubmitOperation(Operation):
+    def __post_init__(self) -> None:
+        self.request_body = BATCH_BODY
 
 
 class BatchController(Controller):
@@ -31,12 +56,20 @@ class BatchController(Controller):
           description="JSON {schema_id, documents: [{id?, document}], options?}, or an NDJSON body "
                       "(Content-Type application/x-ndjson, one {id?, document} per line) with schema_id "
                       "and options as query parameters. Bad entries are listed in `rejected`.",
-          responses=_errors(400, 404, 413, 422, 503))
-    async def submit(self, request: Request, jobs: Jobs,
-               schema_id: str | None = None, strategy: str | None = None,
-               draft_len: int | None = None, temperature: float | None = None,
-               seed: int | None = None, max_tokens: int | None = None,
-               verbatim: bool | None = None) -> BatchAccepted:
+          responses=_errors(400, 404, 413, 422, 503), operation_class=BatchSubmitOperation)
+    async def submit(
+            self, request: Request, jobs: Jobs,
+            schema_id: Annotated[str | None, QueryParameter(description="schema version id (UUID); " + _OPTION)] = None,
+            strategy: Annotated[str | None, QueryParameter(description=_OPTION, schema_extra={
+                "enum": [*STRATEGIES, None]})] = None,
+            draft_len: Annotated[int | None, QueryParameter(description=_OPTION, schema_extra={
+                "minimum": 0, "maximum": 64})] = None,
+            temperature: Annotated[float | None, QueryParameter(description=_OPTION, schema_extra={
+                "minimum": 0, "maximum": 10})] = None,
+            seed: Annotated[int | None, QueryParameter(description=_OPTION)] = None,
+            max_tokens: Annotated[int | None, QueryParameter(description=_OPTION, schema_extra={
+                "minimum": 1, "maximum": 65536})] = None,
+            verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None) -> BatchAccepted:
         # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
         data = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -69,10 +102,9 @@ def decode_batch(body: bytes) -> BatchCreate:
         raise BadRequestError("request body is required (a JSON object)",
                               [ErrorItem(message="request body is empty", source="body")])
     try:
-        return msgspec.json.decode(body, type=BatchCreate)
+        # strict=False: the same conversions as the bodies Litestar decodes (e.g. 49.0 for an integer)
+        return msgspec.json.decode(body, type=BatchCreate, strict=False)
     except msgspec.ValidationError as e:
-        from structspec.api.errors import UnprocessableError
-
         path = _path(str(e))
         raise UnprocessableError(f"invalid request body: {e}", [ErrorItem(path=path, message=str(e), source="body")]) from None
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:

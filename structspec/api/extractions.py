@@ -27,13 +27,14 @@ class ExtractionController(Controller):
     tags = ["extractions"]
     dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
 
-    @post("/", sync_to_thread=True, summary="Submit one document for extraction",
+    @post("/", sync_to_thread=True, status_code=202, summary="Submit one document for extraction",
           description="202 {id, status} once queued. With ?wait=S (0-60) the call waits up to S seconds "
                       "and answers 200 with the finished job, or 202 if it is not finished by then.",
           responses={200: ResponseSpec(data_container=JobRead, description="finished within `wait`",
                                        generate_examples=False), **_errors(400, 404, 413, 422, 503)})
     def submit(self, data: JSONBody[ExtractionCreate], jobs: Jobs,
-               wait: Annotated[float | None, QueryParameter(ge=0, le=60)] = None) -> Response[JobAccepted]:
+               # schema_extra: Litestar drops ge=0 from the document for an optional float
+               wait: Annotated[float | None, QueryParameter(ge=0, le=60, schema_extra={"minimum": 0})] = None) -> Response[JobAccepted]:
         accepted = jobs.submit(data)
         if wait:
             job = jobs.wait(accepted.id, wait)

@@ -14,7 +14,8 @@ class HealthController(Controller):
     tags = ["health"]
 
     @get("/", sync_to_thread=True, summary="Readiness of database and broker",
-         responses={503: ResponseSpec(data_container=HealthFailure, description="a component is down")})
+         responses={503: ResponseSpec(data_container=HealthFailure, description="a component is down",
+                                      generate_examples=False)})
     def health(self, state: State) -> Response[HealthReport]:
         report = state.health.check()
         status = report.status_code if isinstance(report, HealthFailure) else 200

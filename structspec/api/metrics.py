@@ -14,7 +14,7 @@ class MetricsController(Controller):
     tags = ["metrics"]
 
     @get("/", sync_to_thread=True, summary="Prometheus metrics (counters per schema and strategy, job latency)",
-         include_in_schema=True)
+         include_in_schema=True, media_type=CONTENT_TYPE)
     def metrics(self, state: State) -> Response[bytes]:
         body = StatsService(state.session_factory, state.settings).metrics()
         return Response(body, media_type=CONTENT_TYPE)

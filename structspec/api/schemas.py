@@ -16,6 +16,12 @@ from structspec.api.services.stats import StatsService
 from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered, SchemaStats, StrategyPin
 
 
+# Bounds of the database columns an integer parameter is compared with (PostgreSQL integer and
+# bigint; SQLite integers are 64-bit): past them the driver raises instead of finding nothing.
+# (2^53 - 1 rather than 2^63 - 1 for bigint: the document states bounds as JSON numbers, exact to 2^53.)
+MAX_INT = 2**31 - 1
+MAX_OFFSET = 2**53 - 1
+
 # Any string: a malformed id is an unknown id (404 naming it), not "no route".
 SchemaId = Annotated[str, PathParameter(description="schema version id (UUID)")]
 Schemas = NamedDependency[SchemaService]
@@ -51,10 +57,11 @@ class SchemaController(Controller):
         record, created = schemas.register(data)
         return Response(record, status_code=201 if created else 200)
 
-    @get("/", sync_to_thread=True, summary="List live schemas (all versions), by name then newest version")
+    @get("/", sync_to_thread=True, summary="List live schemas (all versions), by name then newest version",
+         responses=_errors(422))
     def list_schemas(self, schemas: Schemas,
                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
-                     offset: Annotated[int, QueryParameter(ge=0)] = 0,
+                     offset: Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET)] = 0,
                      name: Annotated[str | None, QueryParameter(description="only this name")] = None) -> SchemaPage:
         return schemas.list(limit=limit, offset=offset, name=name)
 
@@ -64,9 +71,9 @@ class SchemaController(Controller):
         return schemas.get(schema_id)
 
     @get("/by-name/{name:str}", sync_to_thread=True, summary="Latest live version of a name, or ?version=N",
-         responses=_errors(404))
+         responses=_errors(404, 422))
     def get_by_name(self, name: FromPath[str], schemas: Schemas,
-                    version: Annotated[int | None, QueryParameter(ge=1)] = None) -> SchemaDetail:
+                    version: Annotated[int | None, QueryParameter(ge=1, le=MAX_INT)] = None) -> SchemaDetail:
         return schemas.get_by_name(name, version)
 
     @delete("/{schema_id:str}", sync_to_thread=True, status_code=204, summary="Soft-delete one version",

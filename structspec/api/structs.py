@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
+from litestar.openapi.spec import OpenAPIType, Schema
 
 from structspec.api.errors import ErrorItem
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
+STRATEGIES = ["auto", "none", "schema", "ngram", "composite"]
+# PostgreSQL text cannot hold U+0000, so stored free text refuses it (on every backend alike).
+NO_NUL = r"^[^\x00]*$"
+
+
+def _documented(**keywords: Any) -> dict[str, Any]:
+    """JSON Schema keywords for the OpenAPI document only: the service checks these itself
+    (the engine's rules, 422 naming the option), so msgspec does not enforce them."""
+    return {"extra": keywords}
 
 SchemaName = Annotated[str, msgspec.Meta(
     min_length=1, max_length=200, pattern=NAME_PATTERN,
@@ -24,7 +34,7 @@ class SchemaCreate(msgspec.Struct, forbid_unknown_fields=True):
     schema: Annotated[dict[str, Any], msgspec.Meta(
         description="a JSON Schema (Draft 2020-12 unless $schema says draft-07 or 2019-09)",
         examples=[{"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}])]
-    description: Annotated[str, msgspec.Meta(max_length=10_000)] | None = None
+    description: Annotated[str, msgspec.Meta(max_length=10_000, pattern=NO_NUL)] | None = None
 
 
 class SchemaSummary(msgspec.Struct, kw_only=True):
@@ -79,11 +89,13 @@ class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     strategy: Annotated[str, msgspec.Meta(
         description="auto (default: chosen per job from the schema's statistics) | none | schema | ngram | "
-                    "composite")] | None = None
-    draft_len: int | None = None
-    temperature: float | None = None
+                    "composite", extra_json_schema=_documented(enum=[*STRATEGIES, None]))] | None = None
+    draft_len: Annotated[int, msgspec.Meta(extra_json_schema=_documented(minimum=0, maximum=64))] | None = None
+    temperature: Annotated[float, msgspec.Meta(
+        extra_json_schema=_documented(minimum=0, maximum=10))] | None = None
     seed: int | None = None
-    max_tokens: int | None = None
+    max_tokens: Annotated[int, msgspec.Meta(
+        extra_json_schema=_documented(minimum=1, maximum=65536))] | None = None
     verbatim: Annotated[bool, msgspec.Meta(
         description="plain string fields only copy spans of the document (default false); the schema "
                     "annotation x-structspec-verbatim: true|false overrides it per subschema")] | None = None
@@ -94,8 +106,13 @@ class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
     schema_id: str | None = None
     schema: dict[str, Any] | None = None
-    document: str
+    document: Annotated[str, msgspec.Meta(pattern=NO_NUL, description="the text; no U+0000")]
     options: JobOptions | None = None
+
+    # exactly one of schema_id and schema, not null (structspec.api.openapi)
+    __openapi_extra__: ClassVar[dict[str, Any]] = {"oneOf": [
+        Schema(required=["schema_id"], properties={"schema_id": Schema(type=OpenAPIType.STRING)}),
+        Schema(required=["schema"], properties={"schema": Schema(type=OpenAPIType.OBJECT)})]}
 
 
 class JobAccepted(msgspec.Struct, kw_only=True):
@@ -184,8 +201,9 @@ class StrategyChoice(msgspec.Struct, kw_only=True):
 class StrategyPin(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Pin `auto` jobs of a schema to one strategy; strategy "auto" removes the pin."""
 
-    strategy: Annotated[str, msgspec.Meta(description="auto | none | schema | ngram | composite")]
-    draft_len: int | None = None
+    strategy: Annotated[str, msgspec.Meta(description="auto | none | schema | ngram | composite",
+                                          extra_json_schema=_documented(enum=STRATEGIES))]
+    draft_len: Annotated[int, msgspec.Meta(extra_json_schema=_documented(minimum=0, maximum=64))] | None = None
 
 
 class ArmStats(msgspec.Struct, kw_only=True):

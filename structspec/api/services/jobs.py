@@ -136,6 +136,8 @@ class JobService:
             return "field 'document' is required and must be a string"
         if "id" in raw and (isinstance(raw["id"], bool) or not isinstance(raw["id"], (str, int))):
             return "field 'id' must be a string or an integer"
+        if "\x00" in raw["document"]:
+            return "field 'document' contains U+0000, which cannot be stored"
         size, limit = len(raw["document"].encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
         if size > limit:
             return f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)"
