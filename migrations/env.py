@@ -50,8 +50,18 @@ def _run(connection) -> None:
     # render_as_batch: SQLite cannot ALTER most things; batch mode copies the table instead.
     context.configure(connection=connection, target_metadata=target_metadata, render_as_batch=True,
                       compare_type=True)
-    with context.begin_transaction():
-        context.run_migrations()
+    # A batch copy drops the original table, and with foreign keys on, SQLite's DROP first
+    # deletes its rows, cascading to (or failing on) the rows that reference them. The pragma
+    # only takes effect outside a transaction: a caller-owned connection inside one keeps it.
+    sqlite = connection.dialect.name == "sqlite" and not connection.in_transaction()
+    if sqlite:
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+    try:
+        with context.begin_transaction():
+            context.run_migrations()
+    finally:
+        if sqlite:
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
 
 
 if context.is_offline_mode():

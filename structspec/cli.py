@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -195,6 +196,41 @@ def cmd_migrate(args) -> int:
     return 0
 
 
+def cmd_keys(args) -> int:
+    """API keys in STRUCTSPEC_DATABASE_URL (migrated to head first, as `serve` does)."""
+    from structspec.api import auth
+    from structspec.db import migrate
+    from structspec.db.repositories import ApiKeyRepository
+    from structspec.db.session import make_engine, make_session_factory
+
+    settings = Settings.from_env()
+    settings.ensure_data_dir()
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    factory = make_session_factory(engine)
+    try:
+        if args.action == "create":
+            try:
+                record, key = auth.create_key(factory, args.name, args.tenant or args.name)
+            except ValueError as e:
+                raise CliError(str(e)) from None
+            print(f"created key {record.id} ({record.name!r}, tenant {record.tenant!r}); it is shown only "
+                  f"once and only its hash is stored. /v1 now needs `Authorization: Bearer <key>`. Key: {key}")
+        elif args.action == "list":
+            with factory() as session:
+                for k in ApiKeyRepository(session).list():
+                    state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "active"
+                    print(f"{k.id}  {k.prefix}...  tenant={k.tenant}  name={k.name!r}  {state}")
+        else:
+            record = auth.revoke_key(factory, args.key_id)
+            if record is None:
+                raise CliError(f"no API key with id {args.key_id!r} (see `structspec keys list`)")
+            print(f"revoked key {record.id} ({record.name!r}, tenant {record.tenant!r})")
+    finally:
+        engine.dispose()
+    return 0
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -248,7 +284,7 @@ def run_client(args, work) -> int:
 
     schema = read_json_file(args.schema, "schema")
     try:
-        with Client(args.server) as client:
+        with Client(args.server, api_key=args.api_key or os.environ.get("STRUCTSPEC_API_KEY")) as client:
             registered = client.register(args.schema, schema)
             print(f"structspec: schema {registered['name']} v{registered['version']} ({registered['id']})",
                   file=sys.stderr, flush=True)
@@ -280,6 +316,7 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--schema", required=True, help="JSON Schema file (registered under its file name)")
     p.add_argument("--server", default=f"http://{defaults.host}:{defaults.port}",
                    help="base URL of `structspec serve` (default %(default)s)")
+    p.add_argument("--api-key", metavar="KEY", help="API key (`structspec keys create`) [env STRUCTSPEC_API_KEY]")
     p.add_argument("--strategy", choices=("auto",) + tuple(STRATEGIES), help="default: the server's")
     p.add_argument("--draft-len", type=int, metavar="K")
     p.add_argument("--temperature", type=float, metavar="T")
@@ -379,6 +416,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reload", action="store_true", help="restart on code changes (development)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations first")
     p.set_defaults(func=cmd_serve)
+
+    keys = sub.add_parser("keys", help="create, list and revoke API keys",
+                          description="API keys for the /v1 routes (structspec/api/auth.py). Once one "
+                                      "active key exists every /v1 request needs `Authorization: Bearer "
+                                      "<key>` and sees only its tenant's schemas, jobs and batches.")
+    keys_sub = keys.add_subparsers(dest="action", required=True)
+    p = keys_sub.add_parser("create", help="a new key; prints it once, as the last word of the output")
+    p.add_argument("--name", required=True, help="what the key is for (shown by `keys list`)")
+    p.add_argument("--tenant", help="the tenant whose data the key sees (default: the name; "
+                                    "'default' is the data created while auth was off)")
+    p = keys_sub.add_parser("list", help="every key: id, prefix, tenant, name, active or revoked")
+    p = keys_sub.add_parser("revoke", help="revoke a key by id (it stops working at once)")
+    p.add_argument("key_id", metavar="ID")
+    keys.set_defaults(func=cmd_keys)
 
     p = sub.add_parser("migrate", help="apply or revert database migrations (Alembic)",
                        description="Migrate the database at STRUCTSPEC_DATABASE_URL (default: SQLite in "

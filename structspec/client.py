@@ -32,11 +32,14 @@ def schema_name(path: str) -> str:
 
 
 class Client:
-    def __init__(self, server: str, timeout: float = 30.0, http: httpx.Client | None = None):
-        """`http` replaces the connection (tests pass Litestar's TestClient, an httpx.Client)."""
+    def __init__(self, server: str, timeout: float = 30.0, http: httpx.Client | None = None,
+                 api_key: str | None = None):
+        """`http` replaces the connection (tests pass Litestar's TestClient, an httpx.Client);
+        `api_key` is sent as `Authorization: Bearer <key>`."""
         self.server = server.rstrip("/")
         self._own = http is None
         self.http = http or httpx.Client(base_url=self.server, timeout=timeout)
+        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
 
     def __enter__(self) -> "Client":
         return self
@@ -48,7 +51,7 @@ class Client:
     def call(self, method: str, path: str, **kw) -> Any:
         """The decoded JSON body; a ClientError naming the server's `message` and `errors`."""
         try:
-            r = self.http.request(method, path, **kw)
+            r = self.http.request(method, path, **kw, headers={**self.headers, **kw.pop("headers", {})})
         except httpx.TransportError as e:
             raise ClientError(f"cannot reach the structspec server at {self.server}: {e} "
                               f"(start one with `structspec serve`, or pass --server)") from None

@@ -41,6 +41,8 @@ class Settings:
     max_schema_bytes: int = 256 * 1024  # one JSON Schema, serialized compactly
     max_document_bytes: int = 1024 * 1024  # one document's text, UTF-8
     max_batch_size: int = 10_000  # documents per batch
+    # API keys (structspec/api/auth.py): auth is on once a key exists, or always with this set.
+    require_auth: bool = False
     # Jobs (API + worker). A claimed job holds a lease the worker renews while it runs; a job
     # still `running` after its lease ran out (worker killed) is re-queued by the reaper. Also
     # the Redis visibility timeout: an unacked message comes back after this many seconds.
@@ -95,6 +97,13 @@ def _parse(name: str, type_name: str, raw: str):
             return int(raw)
         if type_name == "Path":
             return Path(raw).expanduser()
+        if type_name == "bool":
+            value = raw.strip().lower()
+            if value in ("1", "true", "yes", "on"):
+                return True
+            if value in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
     except ValueError:
         raise ValueError(f"STRUCTSPEC_{name.upper()}={raw!r} is not a valid {type_name}") from None
     return raw

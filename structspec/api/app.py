@@ -9,8 +9,10 @@ from litestar import Litestar
 from litestar.routes import HTTPRoute
 from litestar.datastructures import State
 from litestar.openapi import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
+from structspec.api.auth import AUTH_MIDDLEWARE, SECURITY_SCHEME
 from structspec.api.batches import BatchController
 from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
@@ -50,10 +52,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
                      "publisher": publisher}),
         exception_handlers={Exception: handle_exception},
         plugins=[StrictStructSchemaPlugin()],
+        middleware=[AUTH_MIDDLEWARE],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="structspec", version=API_VERSION, path="/schema",
             description="Register JSON Schemas; get schema-valid JSON extracted from documents.",
+            components=Components(security_schemes={SECURITY_SCHEME: SecurityScheme(
+                type="http", scheme="bearer",
+                description="An API key from `structspec keys create`; needed on /v1 once a key exists.")}),
             render_plugins=[SwaggerRenderPlugin(), JsonRenderPlugin(), YamlRenderPlugin()]),
         on_shutdown=[shutdown],
         before_send=[allow_every_method],

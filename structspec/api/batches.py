@@ -13,6 +13,7 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Refe
 from litestar.params import PathParameter, QueryParameter
 from litestar.response import Stream
 
+from structspec.api.auth import V1_SECURITY
 from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
 from structspec.api.extractions import provide_job_service
 from structspec.api.schemas import _errors
@@ -50,6 +51,7 @@ class BatchSubmitOperation(Operation):
 class BatchController(Controller):
     path = "/v1/batches"
     tags = ["batches"]
+    security = V1_SECURITY
     dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
 
     @post("/", status_code=202, summary="Submit a batch of documents",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, Response, get, post
+from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody, PathParameter, QueryParameter
 
+from structspec.api.auth import V1_SECURITY
 from structspec.api.schemas import _errors
 from structspec.api.services.jobs import JobService
 from structspec.api.structs import ExtractionCreate, JobAccepted, JobRead
@@ -18,13 +19,14 @@ JobId = Annotated[str, PathParameter(description="job id (UUID)")]
 Jobs = NamedDependency[JobService]
 
 
-def provide_job_service(state: State) -> JobService:
-    return JobService(state.session_factory, state.settings, state.publisher)
+def provide_job_service(state: State, request: Request) -> JobService:
+    return JobService(state.session_factory, state.settings, state.publisher, tenant=request.user)
 
 
 class ExtractionController(Controller):
     path = "/v1/extractions"
     tags = ["extractions"]
+    security = V1_SECURITY
     dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
 
     @post("/", sync_to_thread=True, status_code=202, summary="Submit one document for extraction",

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, Response, delete, get, post, put
+from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.datastructures import State
 from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import FromPath, JSONBody, PathParameter, QueryParameter
 
+from structspec.api.auth import V1_SECURITY
 from structspec.api.errors import ErrorBody
 from structspec.api.services.schemas import SchemaService
 from structspec.api.services.stats import StatsService
@@ -28,22 +29,25 @@ Schemas = NamedDependency[SchemaService]
 Stats = NamedDependency[StatsService]
 
 
-def provide_schema_service(state: State) -> SchemaService:
-    return SchemaService(state.session_factory, state.settings)
+def provide_schema_service(state: State, request: Request) -> SchemaService:
+    return SchemaService(state.session_factory, state.settings, tenant=request.user)  # user: the tenant (api/auth.py)
 
 
-def provide_stats_service(state: State) -> StatsService:
-    return StatsService(state.session_factory, state.settings)
+def provide_stats_service(state: State, request: Request) -> StatsService:
+    return StatsService(state.session_factory, state.settings, tenant=request.user)
 
 
 def _errors(*codes: int) -> dict[int, ResponseSpec]:
+    """The documented error responses of a /v1 route: `codes`, and 401 (every /v1 route needs a
+    key once auth is on)."""
     return {c: ResponseSpec(data_container=ErrorBody, description="error (see docs/api.md)", generate_examples=False)
-            for c in codes}
+            for c in sorted({401, *codes})}
 
 
 class SchemaController(Controller):
     path = "/v1/schemas"
     tags = ["schemas"]
+    security = V1_SECURITY
     dependencies = {"schemas": Provide(provide_schema_service, sync_to_thread=False),
                     "stats": Provide(provide_stats_service, sync_to_thread=False)}
 

@@ -11,7 +11,7 @@ from litestar.openapi.spec import OpenAPIType, Schema
 
 from structspec.api.errors import ErrorItem
 
-NAME_PATTERN = r"^[A-Za-z0-9._-]+$"
+NAME_PATTERN = r"^[A-Za-z0-9._-]*[A-Za-z0-9_-][A-Za-z0-9._-]*$"  # not only dots ("." or "..")
 STRATEGIES = ["auto", "none", "schema", "ngram", "composite"]
 # PostgreSQL text cannot hold U+0000, so stored free text refuses it (on every backend alike).
 NO_NUL = r"^[^\x00]*$"
@@ -24,7 +24,7 @@ def _documented(**keywords: Any) -> dict[str, Any]:
 
 SchemaName = Annotated[str, msgspec.Meta(
     min_length=1, max_length=200, pattern=NAME_PATTERN,
-    description="1-200 characters from A-Z a-z 0-9 . _ -", examples=["invoice"])]
+    description="1-200 characters from A-Z a-z 0-9 . _ -, not only dots", examples=["invoice"])]
 
 
 class SchemaCreate(msgspec.Struct, forbid_unknown_fields=True):

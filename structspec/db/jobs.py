@@ -149,8 +149,8 @@ class BatchRepository:
     def get(self, batch_id: uuid.UUID) -> BatchRecord | None:
         return self.session.get(BatchRecord, batch_id)
 
-    def add(self, *, schema_id: uuid.UUID, total: int, options: dict[str, Any]) -> BatchRecord:
-        record = BatchRecord(id=uuid.uuid4(), schema_id=schema_id, total=total, options=options,
+    def add(self, *, tenant: str, schema_id: uuid.UUID, total: int, options: dict[str, Any]) -> BatchRecord:
+        record = BatchRecord(id=uuid.uuid4(), tenant=tenant, schema_id=schema_id, total=total, options=options,
                              created_at=utcnow())
         self.session.add(record)
         self.session.flush()

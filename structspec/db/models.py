@@ -30,18 +30,42 @@ class TimestampMixin:
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
 
 
+# The tenant of everything created without an API key (auth off); keys may be given it.
+DEFAULT_TENANT = "default"
+
+
+def tenant_column() -> Mapped[str]:
+    return mapped_column(sa.String(64), default=DEFAULT_TENANT, server_default=DEFAULT_TENANT)
+
+
+class ApiKeyRecord(Base):
+    """An API key: only the SHA-256 of the key is stored. Everything a key creates belongs to
+    its tenant; several keys may share one."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    tenant: Mapped[str] = mapped_column(sa.String(64))
+    key_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(sa.String(16))  # the key's first characters, to tell keys apart
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, default=None)
+
+
 class SchemaRecord(TimestampMixin, Base):
-    """One version of a registered JSON Schema. Versions count 1, 2, ... per name and are
-    never reused, soft-deleted ones included."""
+    """One version of a registered JSON Schema. Versions count 1, 2, ... per (tenant, name)
+    and are never reused, soft-deleted ones included."""
 
     __tablename__ = "schemas"
     __table_args__ = (
-        sa.UniqueConstraint("name", "version"),
-        sa.Index("ix_schemas_name_hash", "name", "hash"),
+        sa.UniqueConstraint("tenant", "name", "version"),
+        sa.Index("ix_schemas_tenant_name_hash", "tenant", "name", "hash"),
     )
 
     # sa.Uuid: native uuid on PostgreSQL, CHAR(32) on SQLite.
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    tenant: Mapped[str] = tenant_column()
     name: Mapped[str] = mapped_column(sa.String(200))
     version: Mapped[int] = mapped_column(sa.Integer)
     # sa.JSON is `json` (not jsonb) on PostgreSQL: key order survives, and property order
@@ -66,6 +90,7 @@ class BatchRecord(Base):
     __tablename__ = "batches"
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    tenant: Mapped[str] = tenant_column()
     schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id"))
     total: Mapped[int] = mapped_column(sa.Integer)
     options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
@@ -85,6 +110,7 @@ class JobRecord(Base):
     )
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
+    tenant: Mapped[str] = tenant_column()
     schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id"))
     batch_id: Mapped[uuid.UUID | None] = mapped_column(
         sa.Uuid, sa.ForeignKey("batches.id", ondelete="CASCADE"), nullable=True)

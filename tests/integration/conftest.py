@@ -132,8 +132,9 @@ def settings(database_url, tmp_path) -> Iterator[Settings]:
     yield Settings(data_dir=tmp_path, cache_dir=tmp_path / "cache", database_url=database_url)
     engine = make_engine(database_url)
     try:
-        with engine.begin() as conn:
-            conn.execute(sa.text("DELETE FROM schemas"))
+        with engine.begin() as conn:  # jobs and batches first: they reference schemas
+            for table in ("jobs", "batches", "schemas", "api_keys"):  # a key left behind turns auth on
+                conn.execute(sa.text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()
 

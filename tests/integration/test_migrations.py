@@ -3,6 +3,7 @@ the ORM models agree with what the migrations build."""
 
 from __future__ import annotations
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -95,5 +96,54 @@ def test_widening_the_stats_strategy_keeps_every_row(empty_database_url):
         migrate.downgrade(url, "0003")  # verbatim arms go, the rest stays
         with engine.begin() as conn:
             assert tuple(conn.execute(sa.text(counts)).one()) == (1, 4)
+    finally:
+        engine.dispose()
+
+
+def test_tenants_migration_keeps_every_row_and_scopes_versions_by_tenant(empty_database_url):
+    """0005 rebuilds `schemas` on SQLite (new unique constraint), which jobs, batches and stats
+    reference: with foreign keys on, the copy's DROP would delete or refuse them."""
+    url = empty_database_url
+    migrate.upgrade(url, "0004")
+    engine = make_engine(url)
+    sqlite = url.startswith("sqlite")
+    ids = [("%d" % i) * 32 if sqlite else f"0000000{i}-0000-0000-0000-000000000000" for i in range(1, 5)]
+    sid, bid, jid, sid2 = ids
+    schema = ("INSERT INTO schemas (id, {tenant}name, version, body, hash, created_at, updated_at) "
+              "VALUES (:id, {value}'n', 1, '{{}}', 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)")
+    counts = ("SELECT (SELECT count(*) FROM schemas), (SELECT count(*) FROM batches), (SELECT count(*) FROM jobs), "
+              "(SELECT count(*) FROM schema_arm_stats), (SELECT count(*) FROM schema_position_stats)")
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(schema.format(tenant="", value="")), {"id": sid})
+            conn.execute(sa.text("INSERT INTO batches (id, schema_id, total, options, created_at) "
+                                 "VALUES (:id, :sid, 1, '{}', CURRENT_TIMESTAMP)"), {"id": bid, "sid": sid})
+            conn.execute(sa.text("INSERT INTO jobs (id, schema_id, batch_id, document, options, status, attempts, "
+                                 "completions, created_at) VALUES (:id, :sid, :bid, 'doc', '{}', 'queued', 0, 0, "
+                                 "CURRENT_TIMESTAMP)"), {"id": jid, "sid": sid, "bid": bid})
+            conn.execute(sa.text(
+                "INSERT INTO schema_arm_stats (schema_id, strategy, draft_len, requests, output_tokens, target_passes, "
+                "proposed, accepted, decode_s, latency_s_sum, latency_buckets, d_requests, d_passes, d_decode_s, "
+                "seen_at, updated_at) VALUES (:sid, 'ngram', 4, 1, 10, 3, 8, 7, 0.5, 0.6, '[]', 1, 3, 0.5, 1, "
+                "CURRENT_TIMESTAMP)"), {"sid": sid})
+            conn.execute(sa.text("INSERT INTO schema_position_stats (schema_id, strategy, draft_len, position, proposed, "
+                                 "accepted, d_accepted) VALUES (:sid, 'ngram', 4, 0, 3, 2, 2)"), {"sid": sid})
+        engine.dispose()
+        migrate.upgrade(url, "0005")
+        with engine.begin() as conn:
+            assert tuple(conn.execute(sa.text(counts)).one()) == (1, 1, 1, 1, 1)
+            for table in ("schemas", "batches", "jobs"):
+                assert conn.execute(sa.text(f"SELECT tenant FROM {table}")).scalar_one() == "default"
+            # the same (name, version) in another tenant is a different schema now
+            conn.execute(sa.text(schema.format(tenant="tenant, ", value="'acme', ")), {"id": sid2})
+        engine.dispose()
+        with pytest.raises(RuntimeError, match="several tenants"):
+            migrate.downgrade(url, "0004")
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM schemas WHERE tenant = 'acme'"))
+        engine.dispose()
+        migrate.downgrade(url, "0004")
+        with engine.begin() as conn:
+            assert tuple(conn.execute(sa.text(counts)).one()) == (1, 1, 1, 1, 1)
     finally:
         engine.dispose()

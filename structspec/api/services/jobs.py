@@ -23,7 +23,7 @@ from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, Bat
                                     SchemaCreate)
 from structspec.config import Settings
 from structspec.db.jobs import BatchRepository, JobRepository
-from structspec.db.models import TERMINAL_STATUSES, BatchRecord, JobRecord
+from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
 from structspec.db.repositories import SchemaRepository
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,14 @@ RESULTS_PAGE = 500
 
 
 class JobService:
-    def __init__(self, session_factory: sessionmaker[Session], settings: Settings, publisher):
+    """Jobs and batches of one tenant: another tenant's ids are unknown ids (404)."""
+
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings, publisher,
+                 tenant: str = DEFAULT_TENANT):
         self.session_factory = session_factory
         self.settings = settings
         self.publisher = publisher  # a Celery app (worker.app.make_celery)
+        self.tenant = tenant
 
     # --- single extractions --------------------------------------------------------------------
 
@@ -46,7 +50,8 @@ class JobService:
         self._check_document(data.document, "/document")
         options = self.resolve_options(data.options)
         with self.session_factory.begin() as session:
-            [job_id] = JobRepository(session).add_many([dict(schema_id=schema_id, document=data.document,
+            [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
+                                                             document=data.document,
                                                              options=options)])
         self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]))
         return JobAccepted(id=job_id, status="queued")
@@ -112,14 +117,15 @@ class JobService:
                 rejected.append(Rejected(line=n, message=problem))
                 continue
             doc_id = raw.get("id", n - 1)
-            rows.append(dict(schema_id=schema_id, document=raw["document"], options=options,
+            rows.append(dict(tenant=self.tenant, schema_id=schema_id, document=raw["document"], options=options,
                              position=len(rows), doc_id=msgspec.json.encode(doc_id).decode()))
         if not rows:
             raise UnprocessableError("no valid document in the batch", [
                 ErrorItem(path=where.format(i=r.line - 1, n=r.line), message=r.message, source="body")
                 for r in rejected[:100]])
         with self.session_factory.begin() as session:
-            batch = BatchRepository(session).add(schema_id=schema_id, total=len(rows), options=options)
+            batch = BatchRepository(session).add(tenant=self.tenant, schema_id=schema_id, total=len(rows),
+                                                 options=options)
             for row in rows:
                 row["batch_id"] = batch.id
             ids = JobRepository(session).add_many(rows)
@@ -214,7 +220,7 @@ class JobService:
             from structspec.grammar import schema_hash
 
             name = "inline-" + schema_hash(inline)[:16]
-            record, _ = SchemaService(self.session_factory, self.settings).register(
+            record, _ = SchemaService(self.session_factory, self.settings, self.tenant).register(
                 SchemaCreate(name=name, schema=inline, description="registered inline by POST /v1/extractions"))
             return record.id
         try:
@@ -222,7 +228,7 @@ class JobService:
         except ValueError:
             raise NotFoundError(f"no schema with id {schema_id!r} (ids are UUIDs)") from None
         with self.session_factory() as session:
-            if SchemaRepository(session).get(sid) is None:
+            if SchemaRepository(session, self.tenant).get(sid) is None:
                 raise NotFoundError(f"no schema with id {schema_id}")
         return sid
 
@@ -247,10 +253,10 @@ class JobService:
                            [ErrorItem(message=msg, source="broker")], headers={"retry-after": "5"}) from None
 
     def _job(self, session: Session, job_id: str) -> JobRecord:
-        return _get_or_404(JobRepository(session), job_id, "extraction job")
+        return _get_or_404(JobRepository(session), job_id, "extraction job", self.tenant)
 
     def _batch(self, session: Session, batch_id: str) -> BatchRecord:
-        return _get_or_404(BatchRepository(session), batch_id, "batch")
+        return _get_or_404(BatchRepository(session), batch_id, "batch", self.tenant)
 
 
 STATS_KEYS = tuple(JobStats.__struct_fields__)
@@ -298,12 +304,13 @@ def to_batch_read(b: BatchRecord, counts: dict[str, int], latest) -> BatchRead:
                      created_at=b.created_at, finished_at=latest if done else None)
 
 
-def _get_or_404(repository, record_id: str, what: str):
-    """The record with id `record_id` (a UUID string), or NotFoundError naming it."""
+def _get_or_404(repository, record_id: str, what: str, tenant: str):
+    """The record with id `record_id` (a UUID string) of `tenant`, or NotFoundError naming it
+    (another tenant's record is answered exactly like an unknown id)."""
     try:
         record = repository.get(uuid.UUID(record_id))
     except ValueError:
         record = None
-    if record is None:
+    if record is None or record.tenant != tenant:
         raise NotFoundError(f"no {what} with id {record_id}")
     return record

@@ -15,7 +15,7 @@ from structspec.api.errors import ErrorItem, NotFoundError, PayloadTooLargeError
 from structspec.api.structs import (SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered,
                                     SchemaSummary)
 from structspec.config import Settings
-from structspec.db.models import SchemaRecord
+from structspec.db.models import DEFAULT_TENANT, SchemaRecord
 from structspec.db.repositories import SchemaRepository
 
 log = logging.getLogger(__name__)
@@ -27,9 +27,12 @@ _VERSION_RETRIES = 3
 
 
 class SchemaService:
-    def __init__(self, session_factory: sessionmaker[Session], settings: Settings):
+    """The schemas of one tenant (the caller's API key's; DEFAULT_TENANT with auth off)."""
+
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings, tenant: str = DEFAULT_TENANT):
         self.session_factory = session_factory
         self.settings = settings
+        self.tenant = tenant
 
     def register(self, data: SchemaCreate) -> tuple[SchemaRegistered, bool]:
         """Store `data.schema` as the next version of `data.name`; if a live version of that
@@ -43,7 +46,7 @@ class SchemaService:
         for attempt in range(_VERSION_RETRIES):
             try:
                 with self.session_factory.begin() as session:
-                    repo = SchemaRepository(session)
+                    repo = SchemaRepository(session, self.tenant)
                     repo.lock_name(data.name)
                     existing = repo.find_by_hash(data.name, digest)
                     if existing is not None:
@@ -59,14 +62,14 @@ class SchemaService:
 
     def get(self, schema_id: str) -> SchemaDetail:
         with self.session_factory() as session:
-            record = SchemaRepository(session).get(parse_id(schema_id))
+            record = SchemaRepository(session, self.tenant).get(parse_id(schema_id))
             if record is None:
                 raise NotFoundError(f"no schema with id {schema_id}")
             return to_detail(record)
 
     def get_by_name(self, name: str, version: int | None = None) -> SchemaDetail:
         with self.session_factory() as session:
-            record = SchemaRepository(session).get_by_name(name, version)
+            record = SchemaRepository(session, self.tenant).get_by_name(name, version)
             if record is None:
                 which = f"version {version} of " if version is not None else ""
                 raise NotFoundError(f"no schema {which}named {name!r}")
@@ -74,12 +77,12 @@ class SchemaService:
 
     def list(self, *, limit: int, offset: int, name: str | None = None) -> SchemaPage:
         with self.session_factory() as session:
-            records, total = SchemaRepository(session).list(limit=limit, offset=offset, name=name)
+            records, total = SchemaRepository(session, self.tenant).list(limit=limit, offset=offset, name=name)
             return SchemaPage(items=[to_summary(r) for r in records], total=total, limit=limit, offset=offset)
 
     def delete(self, schema_id: str) -> None:
         with self.session_factory.begin() as session:
-            repo = SchemaRepository(session)
+            repo = SchemaRepository(session, self.tenant)
             record = repo.get(parse_id(schema_id))
             if record is None:
                 raise NotFoundError(f"no schema with id {schema_id}")
@@ -102,10 +105,10 @@ def parse_id(schema_id: str) -> uuid.UUID:
 
 
 def check_name(name: str) -> None:
-    if not _NAME.fullmatch(name) or name in (".", ".."):
+    if not _NAME.fullmatch(name) or not name.strip("."):
         raise UnprocessableError(
             f"invalid schema name {name!r}",
-            [ErrorItem(path="/name", message="1-200 characters from A-Z a-z 0-9 . _ -, not '.' or '..'",
+            [ErrorItem(path="/name", message="1-200 characters from A-Z a-z 0-9 . _ -, not only dots",
                        source="body")])
 
 

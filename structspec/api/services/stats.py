@@ -8,6 +8,7 @@ from structspec.api.errors import ErrorItem, NotFoundError, UnprocessableError
 from structspec.api.services.schemas import parse_id
 from structspec.api.structs import ArmStats, SchemaStats, StrategyChoice, StrategyPin
 from structspec.config import Settings
+from structspec.db.models import DEFAULT_TENANT
 from structspec.db.repositories import SchemaRepository
 from structspec.db.stats import StatsRepository
 from structspec.stats import metrics
@@ -15,9 +16,12 @@ from structspec.stats.resolve import AUTO, choose
 
 
 class StatsService:
-    def __init__(self, session_factory: sessionmaker[Session], settings: Settings):
+    """Statistics of one tenant's schemas; `metrics` covers all (it carries no content)."""
+
+    def __init__(self, session_factory: sessionmaker[Session], settings: Settings, tenant: str = DEFAULT_TENANT):
         self.session_factory = session_factory
         self.settings = settings
+        self.tenant = tenant
 
     def get(self, schema_id: str) -> SchemaStats:
         sid = parse_id(schema_id)
@@ -66,7 +70,6 @@ class StatsService:
             rows = StatsRepository(session).metric_rows()
         return metrics.render(rows)
 
-    @staticmethod
-    def _live(session: Session, schema_id: str, sid) -> None:
-        if SchemaRepository(session).get(sid) is None:
+    def _live(self, session: Session, schema_id: str, sid) -> None:
+        if SchemaRepository(session, self.tenant).get(sid) is None:
             raise NotFoundError(f"no schema with id {schema_id}")
