@@ -195,21 +195,34 @@ def cmd_migrate(args) -> int:
     return 0
 
 
+def log_format(settings: Settings) -> str:
+    from structspec.logs import make_formatter
+
+    try:
+        make_formatter(settings.log_format)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return settings.log_format
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
     from structspec.db import migrate
+    from structspec.logs import setup_logging
 
     settings = Settings.from_env(host=args.host, port=args.port)
+    setup_logging(log_format(settings), logging.DEBUG if args.verbose else logging.INFO)
     if not args.no_migrate:
         migrate.upgrade(settings.database_url)  # a fresh clone serves without a manual migrate
     if args.reload:  # dev only: the reloaded process rebuilds Settings from the environment
         uvicorn.run("structspec.api.app:create_app_from_env", factory=True, reload=True,
-                    host=settings.host, port=settings.port)
+                    host=settings.host, port=settings.port, log_config=None)
         return 0
     from structspec.api.app import create_app
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    # log_config=None: uvicorn's loggers propagate to the root handler set up above (one format)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
     return 0
 
 
@@ -218,12 +231,23 @@ def cmd_worker(args) -> int:
     the solo pool (the task runs in the worker process itself, so SIGKILL takes the job with
     it and the lease/redelivery machinery brings it back); N > 1 uses N prefork children, each
     loading the model once."""
+    from celery.signals import setup_logging as celery_setup_logging
+
+    from structspec.logs import setup_logging
     from worker.app import app
 
     settings = app.structspec_settings
+    log_format(settings)  # an unknown format fails here, before the worker starts
+
+    @celery_setup_logging.connect(weak=False)
+    def _logging(loglevel=None, **_):  # a receiver replaces Celery's own logging set-up
+        setup_logging(settings.log_format, loglevel or logging.INFO)
+
     pool = "solo" if args.concurrency == 1 else "prefork"
-    argv = ["worker", f"--pool={pool}", f"--concurrency={args.concurrency}", f"--queues={settings.job_queue}",
-            f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    # --quiet: no start-up banner on stdout (it is not a log line, and not JSON)
+    quiet = ["--quiet"] if settings.log_format == "json" else []  # a `celery` option, before `worker`
+    argv = [*quiet, "worker", f"--pool={pool}", f"--concurrency={args.concurrency}",
+            f"--queues={settings.job_queue}", f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     app.worker_main(argv)
