@@ -162,7 +162,7 @@ def cmd_bench(args) -> int:
     from structspec.bench.harness import run_harness
 
     if not args.dataset:
-        raise CliError("structspec bench needs --dataset FILE.jsonl (or a sub-command: strategies, auto, kernels)")
+        raise CliError("structspec bench needs --dataset FILE.jsonl (or a sub-command: strategies, auto, load, kernels)")
     return run_harness(args, build_engine(settings_from(args)))
 
 
@@ -170,6 +170,15 @@ def cmd_bench_auto(args) -> int:
     from structspec.bench.auto import run_auto_bench
 
     return run_auto_bench(args, build_engine(settings_from(args)))
+
+
+def cmd_bench_load(args) -> int:
+    from structspec.bench.load import run_load_bench
+
+    if args.jobs < 1:
+        raise CliError("--jobs must be at least 1")
+    args.concurrency = args.concurrency or args.jobs
+    return run_load_bench(args)
 
 
 def cmd_bench_kernels(args) -> int:
@@ -338,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     from structspec.bench.harness import DEFAULT_SYSTEMS
 
     top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
-                                       "sub-benchmark: strategies, auto, kernels)",
+                                       "sub-benchmark: strategies, auto, load, kernels)",
                          description="Without a sub-command: run every --systems on the same documents, "
                                      "interleaved, and report validity, accuracy, speed and memory per system "
                                      "(Markdown on stdout; bench.json and PNG plots in --out).")
@@ -384,6 +393,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write per-document records (JSON) here")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_auto)
+    p = bench.add_parser("load", help="many concurrent POST /v1/extractions against a real server and worker",
+                         description="Start `structspec serve` and a real `structspec worker` (default model; SQLite "
+                                     "+ embedded broker in a temporary directory unless --database-url/--broker-url), "
+                                     "fire --jobs small extraction jobs at once, wait until all are finished and "
+                                     "report errors, final statuses, submission latency percentiles and completion "
+                                     "throughput (Markdown on stdout, JSON in --out). Exit 1 on any error or "
+                                     "unfinished job.")
+    p.add_argument("--jobs", type=int, default=200, help="submissions (default %(default)s)")
+    p.add_argument("--concurrency", type=int, default=0, help="client threads (default: one per job)")
+    p.add_argument("--max-tokens", type=int, default=64, help="per job (default %(default)s)")
+    p.add_argument("--strategy", help="job strategy (default: the server's, auto)")
+    p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds in all")
+    p.add_argument("--request-timeout", type=float, default=120, help="per HTTP request, seconds")
+    p.add_argument("--database-url", help="e.g. postgresql://postgres@127.0.0.1/structspec_load "
+                                          "(default: SQLite in a temporary directory)")
+    p.add_argument("--broker-url", help="e.g. redis://127.0.0.1:6379/0 (default: the embedded broker)")
+    p.add_argument("--worker-concurrency", type=int, default=1, help="worker processes (one model each)")
+    p.add_argument("--threads", type=int, help="torch threads in the worker [env STRUCTSPEC_TORCH_THREADS]")
+    p.add_argument("--seed", type=int, default=0, help="seeds the generated documents")
+    p.add_argument("--out", default="bench-out/load.json", help="JSON record (default %(default)s)")
+    p.add_argument("--keep-logs", metavar="DIR", help="copy the server and worker logs here")
+    p.set_defaults(func=cmd_bench_load)
     p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench_kernels)
