@@ -26,7 +26,9 @@ MAX_CHARS = 2000  # backstop: no single message or field value is longer than th
 PREVIEW_CHARS = 120
 
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
-_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+# uvicorn's color_message repeats the message with terminal colours.
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName",
+                                                                          "color_message"}
 
 
 def preview(text: Any, limit: int = PREVIEW_CHARS) -> str | None:

@@ -30,6 +30,8 @@ def test_json_line_has_time_level_logger_message_and_the_extra_fields():
     assert (out["job_id"], out["schema_id"]) == (str(job), str(schema))  # a UUID is written as its string
     assert (out["status"], out["duration_s"], out["draft_len"]) == ("succeeded", 1.25, None)
     assert not {"args", "msg", "levelno", "pathname"} & set(out)  # LogRecord internals stay out
+    out = json.loads(JsonFormatter().format(record("Uvicorn running", color_message="\x1b[1mUvicorn running")))
+    assert "color_message" not in out
 
 
 def test_json_line_carries_the_traceback_and_cuts_long_values():
