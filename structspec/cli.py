@@ -246,7 +246,7 @@ def cmd_worker(args) -> int:
     from worker.app import app
 
     settings = app.structspec_settings
-    log_format(settings)  # an unknown format fails here, before the worker starts
+    setup_logging(log_format(settings), args.loglevel.upper())  # from the start: Celery's checks warn early
 
     @celery_setup_logging.connect(weak=False)
     def _logging(loglevel=None, **_):  # a receiver replaces Celery's own logging set-up

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobs_helpers import TINY_SCHEMA, build_tiny_model
+from structspec.config import Settings
 from structspec.db.jobs import JobRepository
 from structspec.db.session import make_engine, make_session_factory
 from structspec.logs import JsonFormatter, TextFormatter, fields_of
@@ -115,3 +116,38 @@ def test_lifecycle_records_carry_job_and_schema_ids_and_no_document(client, sess
     for rec in caplog.records:
         for rendered in (json_fmt.format(rec), text_fmt.format(rec), repr(vars(rec))):
             assert MARKER not in rendered, rendered
+
+
+def test_worker_process_in_json_mode_writes_only_json_lines_with_ids_and_no_document(tmp_path, tiny_model):
+    """A real `structspec worker` subprocess (embedded stack) with STRUCTSPEC_LOG_FORMAT=json."""
+    import json
+
+    from litestar.testing import TestClient
+
+    from jobs_helpers import Worker, poll
+    from structspec.api.app import create_app
+    from structspec.db import migrate
+
+    settings = Settings(data_dir=tmp_path, cache_dir=tmp_path / "cache", log_format="json")
+    migrate.upgrade(settings.database_url)
+    worker = Worker(settings, tiny_model, tmp_path / "worker.log").start()
+    try:
+        with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+            sid = client.post("/v1/schemas", json={"name": "logs", "schema": TINY_SCHEMA}).json()["id"]
+            job_id = submit(client, sid, strategy="schema", draft_len=4)
+            poll(lambda: client.get(f"/v1/extractions/{job_id}").json()["finished_at"], timeout=90,
+                 what="the job", worker=worker)
+            poll(lambda: "job finished" in worker.log.read_text(), timeout=10, what="the log line", worker=worker)
+    finally:
+        worker.stop()
+    text = worker.log.read_text()
+    assert MARKER not in text and DOCUMENT[:40] not in text
+    # Every line is JSON except Celery's shutdown notice, which it prints on stdout itself.
+    raw = [line for line in text.splitlines() if line.strip()]
+    assert [line for line in raw if not line.startswith("{")] == ["worker: Warm shutdown (MainProcess)"]
+    lines = [json.loads(line) for line in raw if line.startswith("{")]
+    assert all({"ts", "level", "logger", "message"} <= set(line) for line in lines)
+    mine = [line for line in lines if line.get("job_id") == job_id]
+    assert [m["message"] for m in mine] == ["job started", "job finished"], mine
+    assert all(m["schema_id"] == sid for m in mine) and mine[1]["status"] == "succeeded"
+    assert any(line["logger"] == "celery.apps.worker" for line in lines)  # Celery's own lines are JSON too
