@@ -162,7 +162,8 @@ def cmd_bench(args) -> int:
     from structspec.bench.harness import run_harness
 
     if not args.dataset:
-        raise CliError("structspec bench needs --dataset FILE.jsonl (or a sub-command: strategies, auto, load, kernels)")
+        raise CliError("structspec bench needs --dataset FILE.jsonl "
+                       "(or a sub-command: strategies, auto, load, kernels)")
     return run_harness(args, build_engine(settings_from(args)))
 
 
@@ -256,7 +257,8 @@ def cmd_worker(args) -> int:
     # --quiet: no start-up banner on stdout (it is not a log line, and not JSON)
     quiet = ["--quiet"] if settings.log_format == "json" else []  # a `celery` option, before `worker`
     argv = [*quiet, "worker", f"--pool={pool}", f"--concurrency={args.concurrency}",
-            f"--queues={settings.job_queue}", f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+            f"--queues={settings.job_queue}", f"--loglevel={args.loglevel}",
+            "--without-gossip", "--without-mingle", "--without-heartbeat"]
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     app.worker_main(argv)
