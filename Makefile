@@ -53,7 +53,7 @@ bench-auto: install
 # 200 concurrent POST /v1/extractions against a real server + worker (default model, SQLite and
 # the embedded broker); fails on any error or unfinished job. Not part of `make test`.
 bench-load: install
-	$(PY) -m structspec.cli bench load --jobs 200 --max-tokens 64 --out bench-out/load.json
+	$(PY) -m structspec.cli bench load --jobs 200 --max-tokens 64 --threads 1 --out bench-out/load-sqlite.json
 
 bench-kernels: install
 	$(PY) -m kernels.bench
