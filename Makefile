@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-kernels clean
+.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-kernels clean
 
 install: $(STAMP)
 
@@ -49,6 +49,11 @@ bench-strategies: install
 bench-auto: install
 	$(VENV)/bin/structspec bench auto --dataset ../shared/data/deepjsoneval_en.jsonl \
 		--warmup 8 --limit 10 --max-chars 4500 --max-tokens 256 --threads 1 --out bench-out
+
+# 200 concurrent POST /v1/extractions against a real server + worker (default model, SQLite and
+# the embedded broker); fails on any error or unfinished job. Not part of `make test`.
+bench-load: install
+	$(PY) -m structspec.cli bench load --jobs 200 --max-tokens 64 --threads 1 --out bench-out/load-sqlite.json
 
 bench-kernels: install
 	$(PY) -m kernels.bench

@@ -163,7 +163,8 @@ def cmd_bench(args) -> int:
     from structspec.bench.harness import run_harness
 
     if not args.dataset:
-        raise CliError("structspec bench needs --dataset FILE.jsonl (or a sub-command: strategies, auto, kernels)")
+        raise CliError("structspec bench needs --dataset FILE.jsonl "
+                       "(or a sub-command: strategies, auto, load, kernels)")
     return run_harness(args, build_engine(settings_from(args)))
 
 
@@ -171,6 +172,15 @@ def cmd_bench_auto(args) -> int:
     from structspec.bench.auto import run_auto_bench
 
     return run_auto_bench(args, build_engine(settings_from(args)))
+
+
+def cmd_bench_load(args) -> int:
+    from structspec.bench.load import run_load_bench
+
+    if args.jobs < 1:
+        raise CliError("--jobs must be at least 1")
+    args.concurrency = args.concurrency or args.jobs
+    return run_load_bench(args)
 
 
 def cmd_bench_kernels(args) -> int:
@@ -231,21 +241,34 @@ def cmd_keys(args) -> int:
     return 0
 
 
+def log_format(settings: Settings) -> str:
+    from structspec.logs import make_formatter
+
+    try:
+        make_formatter(settings.log_format)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return settings.log_format
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
     from structspec.db import migrate
+    from structspec.logs import setup_logging
 
     settings = Settings.from_env(host=args.host, port=args.port)
+    setup_logging(log_format(settings), logging.DEBUG if args.verbose else logging.INFO)
     if not args.no_migrate:
         migrate.upgrade(settings.database_url)  # a fresh clone serves without a manual migrate
     if args.reload:  # dev only: the reloaded process rebuilds Settings from the environment
         uvicorn.run("structspec.api.app:create_app_from_env", factory=True, reload=True,
-                    host=settings.host, port=settings.port)
+                    host=settings.host, port=settings.port, log_config=None)
         return 0
     from structspec.api.app import create_app
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port)
+    # log_config=None: uvicorn's loggers propagate to the root handler set up above (one format)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None)
     return 0
 
 
@@ -254,18 +277,30 @@ def cmd_worker(args) -> int:
     the solo pool (the task runs in the worker process itself, so SIGKILL takes the job with
     it and the lease/redelivery machinery brings it back); N > 1 uses N prefork children, each
     loading the model once."""
+    from celery.signals import setup_logging as celery_setup_logging
+
+    from structspec.logs import setup_logging
     from worker.app import app
     from worker.tasks import prepare_model
 
     settings = app.structspec_settings
+    setup_logging(log_format(settings), args.loglevel.upper())  # from the start: Celery's checks warn early
+
+    @celery_setup_logging.connect(weak=False)
+    def _logging(loglevel=None, **_):  # a receiver replaces Celery's own logging set-up
+        setup_logging(settings.log_format, loglevel or logging.INFO)
+
     pool = "solo" if args.concurrency == 1 else "prefork"
     try:  # before connecting to the broker: a worker without a model takes no job
         prepare_model(settings, load=pool == "solo")
     except Exception as e:
         raise CliError(f"worker cannot load model {settings.model!r}: {' '.join(str(e).split())[:1000]}; "
                        "not consuming jobs (they stay queued)") from e
-    argv = ["worker", f"--pool={pool}", f"--concurrency={args.concurrency}", f"--queues={settings.job_queue}",
-            f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    # --quiet: no start-up banner on stdout (it is not a log line, and not JSON)
+    quiet = ["--quiet"] if settings.log_format == "json" else []  # a `celery` option, before `worker`
+    argv = [*quiet, "worker", f"--pool={pool}", f"--concurrency={args.concurrency}",
+            f"--queues={settings.job_queue}", f"--loglevel={args.loglevel}",
+            "--without-gossip", "--without-mingle", "--without-heartbeat"]
     if args.hostname:
         argv.append(f"--hostname={args.hostname}")
     app.worker_main(argv)
@@ -357,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     from structspec.bench.harness import DEFAULT_SYSTEMS
 
     top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
-                                       "sub-benchmark: strategies, auto, kernels)",
+                                       "sub-benchmark: strategies, auto, load, kernels)",
                          description="Without a sub-command: run every --systems on the same documents, "
                                      "interleaved, and report validity, accuracy, speed and memory per system "
                                      "(Markdown on stdout; bench.json and PNG plots in --out).")
@@ -403,6 +438,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write per-document records (JSON) here")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_auto)
+    p = bench.add_parser("load", help="many concurrent POST /v1/extractions against a real server and worker",
+                         description="Start `structspec serve` and a real `structspec worker` (default model; SQLite "
+                                     "+ embedded broker in a temporary directory unless --database-url/--broker-url), "
+                                     "fire --jobs small extraction jobs at once, wait until all are finished and "
+                                     "report errors, final statuses, submission latency percentiles and completion "
+                                     "throughput (Markdown on stdout, JSON in --out). Exit 1 on any error or "
+                                     "unfinished job.")
+    p.add_argument("--jobs", type=int, default=200, help="submissions (default %(default)s)")
+    p.add_argument("--concurrency", type=int, default=0, help="client threads (default: one per job)")
+    p.add_argument("--max-tokens", type=int, default=64, help="per job (default %(default)s)")
+    p.add_argument("--strategy", help="job strategy (default: the server's, auto)")
+    p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds in all")
+    p.add_argument("--request-timeout", type=float, default=120, help="per HTTP request, seconds")
+    p.add_argument("--database-url", help="e.g. postgresql://postgres@127.0.0.1/structspec_load "
+                                          "(default: SQLite in a temporary directory)")
+    p.add_argument("--broker-url", help="e.g. redis://127.0.0.1:6379/0 (default: the embedded broker)")
+    p.add_argument("--worker-concurrency", type=int, default=1, help="worker processes (one model each)")
+    p.add_argument("--threads", type=int, help="torch threads in the worker [env STRUCTSPEC_TORCH_THREADS]")
+    p.add_argument("--seed", type=int, default=0, help="seeds the generated documents")
+    p.add_argument("--out", default="bench-out/load.json", help="JSON record (default %(default)s)")
+    p.add_argument("--keep-logs", metavar="DIR", help="copy the server and worker logs here")
+    p.set_defaults(func=cmd_bench_load)
     p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench_kernels)

@@ -37,6 +37,7 @@ class Settings:
     broker_url: str = ""  # e.g. redis://host:6379/0 or amqp://user:pass@host//
     host: str = "127.0.0.1"
     port: int = 8000
+    log_format: str = "text"  # text | json (one JSON object per line): `structspec serve` and `worker`
     max_body_bytes: int = 8 * 1024 * 1024  # any request body; larger -> 413 before it is read
     max_schema_bytes: int = 256 * 1024  # one JSON Schema, serialized compactly
     max_document_bytes: int = 1024 * 1024  # one document's text, UTF-8

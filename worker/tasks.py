@@ -8,8 +8,11 @@ are harmless.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
+import time
+import traceback
 import uuid
 from typing import Any
 
@@ -23,10 +26,16 @@ from structspec.db.stats import StatsRepository
 from structspec.db.repositories import SchemaRepository
 from structspec.db.session import make_engine, make_session_factory
 from structspec.grammar.verbatim import uses_verbatim
+from structspec.logs import preview
 from structspec.stats.resolve import resolve_options
 from worker.app import RUN_JOBS, app, enqueue
 
 log = logging.getLogger("structspec.worker")
+
+# The running job's ids, for log lines from inside the extraction (e.g. a crash).
+_JOB_FIELDS: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("structspec_job", default={})
+LOGGED_STATS = ("strategy", "draft_len", "output_tokens", "target_passes", "acceptance_rate", "prefill_s",
+                "decode_s", "stop_reason")
 
 
 class _Process:
@@ -97,6 +106,8 @@ def run_jobs(self: JobTask, job_ids: list[str]) -> dict[str, int]:
     token = uuid.uuid4().hex
     with sessions.begin() as session:
         claimed = JobRepository(session).claim(ids, token, settings.job_lease_s)
+    log.info("claimed %d of %d job(s)", len(claimed), len(ids),
+             extra={"job_ids": [str(i) for i in claimed], "skipped_ids": [str(i) for i in ids if i not in claimed]})
     if not claimed:
         return {"claimed": 0, "stored": 0}
     stored = 0
@@ -112,27 +123,54 @@ def run_one(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> int:
         repo = JobRepository(session)
         job = repo.held(job_id, token)
         if job is None:  # cancelled after the claim
+            log.info("job skipped: cancelled after the claim", extra={"job_id": str(job_id)})
             return 0
         repo.mark_started(job_id, token)
         schema = SchemaRepository(session).get(job.schema_id, include_deleted=True).body
         document, schema_id, created_at = job.document, job.schema_id, job.created_at
+        fields = {"job_id": str(job_id), "schema_id": str(schema_id)}
+        if job.batch_id is not None:
+            fields["batch_id"] = str(job.batch_id)
+        attempt, queued_s = job.attempts, job.queued_s
         options = dict(job.options)
         try:
             with session.begin_nested():  # a failed read must not poison this transaction
                 options = resolve_options(session, settings, schema_id, job_id, options,
                                           verbatim=uses_verbatim(schema, bool(options.get("verbatim"))))
         except Exception:  # never strand a job on the selector: fall back to the fixed default
-            log.exception("strategy selection failed for job %s; using %s", job_id, settings.strategy)
+            log.exception("strategy selection failed; using %s", settings.strategy, extra=fields)
             options.update(strategy=settings.strategy, draft_len=options.get("draft_len") or settings.draft_len)
-    outcome = extract(settings, schema, document, options)
+    log.info("job started", extra={**fields, "strategy": options.get("strategy"),
+                                   "draft_len": options.get("draft_len"), "attempt": attempt,
+                                   "queued_s": queued_s, "document_chars": len(document)})
+    started = time.monotonic()
+    token_fields = _JOB_FIELDS.set(fields)
+    try:
+        outcome = extract(settings, schema, document, options)
+    finally:
+        _JOB_FIELDS.reset(token_fields)
+    duration_s = round(time.monotonic() - started, 4)
     with sessions.begin() as session:
         ok = JobRepository(session).store(job_id, token, **outcome)
         if ok and outcome.get("stats"):  # same transaction: a stored result and its stats commit together
             StatsRepository(session).record(schema_id, outcome["stats"], half_life=settings.stats_half_life,
                                             latency_s=(utcnow() - created_at).total_seconds())
-    if not ok:
-        log.info("job %s: not stored (cancelled or lease lost)", job_id)
+    log_outcome(fields, outcome, duration_s, ok)
     return int(ok)
+
+
+def log_outcome(fields: dict[str, str], outcome: dict[str, Any], duration_s: float, stored: bool) -> None:
+    """One line per finished job: status, timings and counts; an error only as a short preview
+    (it may quote the model's output, which may quote the document)."""
+    stats = outcome.get("stats") or {}
+    info = {**fields, "status": outcome["status"], "duration_s": duration_s,
+            **{k: stats[k] for k in LOGGED_STATS if k in stats}}
+    if not stored:
+        log.info("job finished but not stored (cancelled or lease lost)", extra=info)
+    elif outcome["status"] == "succeeded":
+        log.info("job finished", extra=info)
+    else:
+        log.warning("job failed", extra={**info, "error": preview(outcome.get("error"))})
 
 
 def extract(settings: Settings, schema: dict, document: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +184,9 @@ def extract(settings: Settings, schema: dict, document: str, options: dict[str, 
     except (SchemaError, DocumentTooLong, ValueError) as e:
         return {"status": "failed", "error": str(e)}
     except Exception as e:  # a bug or resource problem: fail the job visibly, keep the worker
-        log.exception("extraction crashed")
+        # The message may quote the document: a preview of it, and the stack without it.
+        log.error("extraction crashed: %s: %s", type(e).__name__, preview(e),
+                  extra={**_JOB_FIELDS.get(), "stack": "".join(traceback.format_tb(e.__traceback__))[-1900:]})
         return {"status": "failed", "error": f"internal error: {type(e).__name__}: {e}"[:2000]}
     stats = res.stats.as_dict()
     if res.status == "succeeded":
@@ -187,11 +227,18 @@ def reap(settings: Settings, sessions) -> int:
     happens before commit, so a failed publish leaves them as they were for the next round."""
     token = "reaper-" + uuid.uuid4().hex[:16]
     with sessions.begin() as session:
-        ids = JobRepository(session).requeue_expired(token)
+        repo = JobRepository(session)
+        ids, refs = repo.requeue_expired(token), {}
         if ids:
             enqueue(app, ids)
+            refs = repo.refs(ids)
+    for job_id in ids:
+        schema_id, batch_id = refs.get(job_id, (None, None))
+        log.warning("job re-queued: its lease expired (worker lost)",
+                    extra={"job_id": str(job_id), "schema_id": str(schema_id),
+                           **({"batch_id": str(batch_id)} if batch_id else {})})
     if ids:
-        log.warning("re-queued %d job(s) whose lease expired", len(ids))
+        log.warning("re-queued %d job(s) whose lease expired", len(ids), extra={"count": len(ids)})
     return len(ids)
 
 

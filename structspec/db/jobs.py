@@ -106,6 +106,13 @@ class JobRepository:
         return list(self.session.scalars(sa.select(J.id).where(J.id.in_(ids), J.lease_owner == token,
                                                                J.status == "queued")))
 
+    def refs(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[uuid.UUID, uuid.UUID | None]]:
+        """{job id: (schema_id, batch_id)} for `ids` (for log lines)."""
+        if not ids:
+            return {}
+        return {i: (s, b) for i, s, b in self.session.execute(
+            sa.select(J.id, J.schema_id, J.batch_id).where(J.id.in_(ids)))}
+
     # --- cancel --------------------------------------------------------------------------------
 
     def cancel(self, job_id: uuid.UUID) -> bool:

@@ -40,16 +40,19 @@ def ensure_sqlite_dir(url: str) -> None:
 
 
 def make_engine(url: str, *, echo: bool = False) -> Engine:
+    """hide_parameters: a database error's message (logged with its traceback) must not carry
+    the bound values, which include whole documents and results."""
     url = normalize_database_url(url)
     ensure_sqlite_dir(url)
     if url.startswith("sqlite"):
         # Threads share the pool (the API runs handlers in a thread pool); wait up to 30 s
         # for another writer (the worker process) instead of failing with "database is locked".
-        engine = sa.create_engine(url, echo=echo, connect_args={"check_same_thread": False, "timeout": 30})
+        engine = sa.create_engine(url, echo=echo, hide_parameters=True,
+                                  connect_args={"check_same_thread": False, "timeout": 30})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
-    return sa.create_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
+    return sa.create_engine(url, echo=echo, pool_pre_ping=True, hide_parameters=True, connect_args=connect_args)
 
 
 def _sqlite_pragmas(dbapi_connection, _record) -> None:

@@ -46,7 +46,8 @@ def worker_env(settings: Settings, model: str | None) -> dict[str, str]:
     env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                STRUCTSPEC_DATA_DIR=str(settings.data_dir), STRUCTSPEC_DATABASE_URL=settings.database_url,
                STRUCTSPEC_BROKER_URL=settings.broker_url, STRUCTSPEC_JOB_LEASE_S=str(settings.job_lease_s),
-               STRUCTSPEC_JOB_QUEUE=settings.job_queue, STRUCTSPEC_TORCH_THREADS="1")
+               STRUCTSPEC_JOB_QUEUE=settings.job_queue, STRUCTSPEC_TORCH_THREADS="1",
+               STRUCTSPEC_LOG_FORMAT=settings.log_format)
     if model is not None:
         env["STRUCTSPEC_MODEL"] = model
     return env

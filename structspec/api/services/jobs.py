@@ -25,6 +25,7 @@ from structspec.config import Settings
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
 from structspec.db.repositories import SchemaRepository
+from structspec.logs import preview
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,10 @@ class JobService:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
                                                              document=data.document,
                                                              options=options)])
-        self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]))
+        self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
+                      what={"job_id": job_id, "schema_id": schema_id})
+        log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id),
+                                         "strategy": options["strategy"], "document_chars": len(data.document)})
         return JobAccepted(id=job_id, status="queued")
 
     def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
@@ -79,6 +83,7 @@ class JobService:
                                     "can be cancelled",
                                [ErrorItem(path="id", message=f"status is {job.status}", source="path")])
             session.refresh(job)
+            log.info("job cancelled", extra=job_fields(job, status=job.status))
             return to_job_read(job)
 
     # --- batches -------------------------------------------------------------------------------
@@ -129,7 +134,11 @@ class JobService:
             for row in rows:
                 row["batch_id"] = batch.id
             ids = JobRepository(session).add_many(rows)
-        self._publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id))
+        self._publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
+                      what={"batch_id": batch.id, "schema_id": schema_id})
+        log.info("batch submitted", extra={"batch_id": str(batch.id), "schema_id": str(schema_id),
+                                           "strategy": options["strategy"], "jobs": len(rows),
+                                           "rejected": len(rejected)})
         return BatchAccepted(id=batch.id, total=len(rows), rejected=rejected)
 
     def _entry_problem(self, raw: Any) -> str | None:
@@ -160,7 +169,9 @@ class JobService:
 
         with self.session_factory.begin() as session:
             batch = self._batch(session, batch_id)
-            JobRepository(session).cancel_queued_in_batch(batch.id)
+            cancelled = JobRepository(session).cancel_queued_in_batch(batch.id)
+            log.info("batch cancelled", extra={"batch_id": str(batch.id), "schema_id": str(batch.schema_id),
+                                               "cancelled_jobs": cancelled})
             if batch.cancelled_at is None:
                 batch.cancelled_at = utcnow()
         return self.get_batch(batch_id)
@@ -239,13 +250,14 @@ class JobService:
                 f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)",
                 [ErrorItem(path=path, message=f"{size} bytes > {limit} bytes", source="body")])
 
-    def _publish(self, ids: list[uuid.UUID], undo) -> None:
+    def _publish(self, ids: list[uuid.UUID], undo, what: dict[str, Any]) -> None:
         from worker.app import enqueue
 
         try:
             enqueue(self.publisher, ids)
         except Exception as e:  # kombu/redis/amqp connection errors differ per transport
-            log.warning("broker unavailable at submit: %s", e)
+            log.warning("broker unavailable at submit: %s", preview(e, 300),
+                        extra={**{k: str(v) for k, v in what.items()}, "jobs": len(ids)})
             with self.session_factory.begin() as session:
                 undo(session)
             msg = " ".join(str(e).split())[:300] or type(e).__name__
@@ -260,6 +272,14 @@ class JobService:
 
 
 STATS_KEYS = tuple(JobStats.__struct_fields__)
+
+
+def job_fields(j: JobRecord, **more: Any) -> dict[str, Any]:
+    """A job's ids as log fields (never its document or result)."""
+    out = {"job_id": str(j.id), "schema_id": str(j.schema_id)}
+    if j.batch_id is not None:
+        out["batch_id"] = str(j.batch_id)
+    return {**out, **more}
 
 
 def to_job_read(j: JobRecord) -> JobRead:

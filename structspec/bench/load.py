@@ -1,0 +1,288 @@
+"""`structspec bench load`: many concurrent submissions against a real server and worker.
+
+Starts `structspec serve` and one `structspec worker` as subprocesses (as `structspec demo`
+does: SQLite + the embedded broker in a temporary directory unless --database-url and
+--broker-url name others), registers a small schema, runs one warm-up job (the worker loads
+the model), then fires --jobs POST /v1/extractions at once from --concurrency threads, each
+a short document, and records every request's latency. It then polls until every job is
+finished (bounded by --timeout) and reports errors (non-2xx or transport failures), jobs by
+final status, submission latency percentiles and completion throughput: a Markdown table on
+stdout and the whole record as JSON in --out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from pathlib import Path
+
+from structspec.demo import ROOT, Children, _healthy, _raise_interrupt, _wait, free_port
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer": {"type": "string", "maxLength": 40},
+        "item": {"type": "string", "maxLength": 40},
+        "quantity": {"type": "integer", "minimum": 0},
+        "total": {"type": "number"},
+    },
+    "required": ["customer", "item", "quantity", "total"],
+}
+NAMES = ["Ana Lima", "Bo Chen", "Cy Okafor", "Dee Novak", "Eli Haddad", "Fay Moreau", "Gus Tanaka", "Hal Berg"]
+ITEMS = ["desk lamp", "coffee beans", "usb cable", "notebook", "water bottle", "phone case", "tea kettle"]
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def documents(n: int, seed: int = 0) -> list[str]:
+    """n short order notes (about 100 characters each), reproducible for a seed."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        qty, price = rng.randint(1, 9), rng.randint(200, 9900) / 100
+        out.append(f"Order {1000 + i}: {rng.choice(NAMES)} bought {qty} x {rng.choice(ITEMS)} "
+                   f"at ${price:.2f} each, total ${qty * price:.2f}.")
+    return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's
+    default); None for no values."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} is outside 0-100")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(submissions: list[dict], jobs: dict[str, dict], first_submit: float, last_submit: float,
+              last_finish: float | None) -> dict:
+    """The report: `submissions` are {ok, status_code, latency_s, error?} per request (times in
+    seconds since the epoch for the three instants); `jobs` maps accepted job ids to their last
+    read state ({status, created_at, finished_at, ...})."""
+    latencies = [s["latency_s"] for s in submissions]
+    errors = [s for s in submissions if not s["ok"]]
+    by_status: dict[str, int] = {}
+    for job in jobs.values():
+        by_status[job["status"]] = by_status.get(job["status"], 0) + 1
+    finished = sum(n for s, n in by_status.items() if s in FINISHED)
+    wall = (last_finish - first_submit) if last_finish is not None and finished else None
+    turnaround = [j["turnaround_s"] for j in jobs.values() if j.get("turnaround_s") is not None]
+    ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
+    return {
+        "submitted": len(submissions),
+        "accepted": len(jobs),
+        "errors": len(errors),
+        "error_samples": [{k: e.get(k) for k in ("status_code", "error")} for e in errors[:10]],
+        "succeeded": by_status.get("succeeded", 0),
+        "failed": by_status.get("failed", 0),
+        "other": len(jobs) - by_status.get("succeeded", 0) - by_status.get("failed", 0),
+        "by_status": by_status,
+        "all_finished": finished == len(jobs) == len(submissions),
+        "submit_ms": {"p50": ms(percentile(latencies, 50)), "p95": ms(percentile(latencies, 95)),
+                      "p99": ms(percentile(latencies, 99)), "max": ms(max(latencies, default=None))},
+        "submit_window_s": round(last_submit - first_submit, 3) if submissions else None,
+        "submissions_per_s": (round(len(submissions) / (last_submit - first_submit), 1)
+                              if len(submissions) > 1 and last_submit > first_submit else None),
+        "turnaround_s": {"p50": _round(percentile(turnaround, 50)), "p99": _round(percentile(turnaround, 99))},
+        "wall_s": _round(wall),
+        "jobs_per_s": round(finished / wall, 3) if wall else None,
+    }
+
+
+def _round(v: float | None, nd: int = 3) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def markdown(summary: dict, label: str) -> str:
+    s, sm = summary, summary["submit_ms"]
+    rows = [
+        ("stack", label),
+        ("submissions (concurrent)", f"{s['submitted']} ({s['concurrency']})"),
+        ("errors (non-2xx or transport)", s["errors"]),
+        ("jobs succeeded / failed / other", f"{s['succeeded']} / {s['failed']} / {s['other']}"),
+        ("every job finished", "yes" if s["all_finished"] else "**no**"),
+        ("submission latency p50 / p95 / p99 / max (ms)", f"{sm['p50']} / {sm['p95']} / {sm['p99']} / {sm['max']}"),
+        ("all submissions sent in (s)", f"{s['submit_window_s']} ({s['submissions_per_s']}/s)"),
+        ("job turnaround p50 / p99 (s, created to finished)",
+         f"{s['turnaround_s']['p50']} / {s['turnaround_s']['p99']}"),
+        ("first submission to last completion (s)", s["wall_s"]),
+        ("completion throughput (jobs/s)", s["jobs_per_s"]),
+    ]
+    return "\n".join(["| measure | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
+
+
+def _epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
+def fire(http, schema_id: str, docs: list[str], options: dict, concurrency: int) -> list[dict]:
+    """POST every document at once (threads released together); one record per request."""
+    start = threading.Barrier(min(concurrency, len(docs)))
+
+    def one(doc: str) -> dict:
+        try:
+            start.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            pass
+        t0 = time.time()
+        try:
+            r = http.post("/v1/extractions", json={"schema_id": schema_id, "document": doc, "options": options})
+            rec = {"ok": r.status_code in (200, 202), "status_code": r.status_code}
+            if rec["ok"]:
+                rec["id"] = r.json()["id"]
+            else:
+                rec["error"] = r.text[:300]
+        except Exception as e:  # transport errors count as errors
+            rec = {"ok": False, "status_code": None, "error": f"{type(e).__name__}: {e}"[:300]}
+        rec.update(t0=t0, latency_s=time.time() - t0)
+        return rec
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, docs))
+
+
+def poll_until_finished(http, ids: list[str], deadline: float, check, interval: float = 2.0,
+                        say=None, per_round: int = 10) -> dict[str, dict]:
+    """Read jobs until all are finished or the deadline passes; returns the last state read of
+    each. Jobs run roughly in submission order, so each round reads the oldest unfinished ones
+    first and at most `per_round` (or all, if they are finished) to keep the API and the
+    worker's CPU mostly free."""
+    state: dict[str, dict] = {}
+    pending = list(ids)
+    last = None
+    while pending:
+        still = []
+        reads = 0
+        for job_id in pending:
+            if reads >= per_round and still:  # the rest wait for the next round: keep the API mostly free
+                still.append(job_id)
+                continue
+            j = http.get(f"/v1/extractions/{job_id}").json()
+            reads += 1
+            state[job_id] = j
+            if j["status"] not in FINISHED:
+                still.append(job_id)
+        pending = still
+        if say and len(pending) != last:
+            say(f"{len(ids) - len(pending)}/{len(ids)} finished")
+            last = len(pending)
+        if pending:
+            check()
+            if time.monotonic() > deadline:
+                break
+            time.sleep(interval)
+    for j in state.values():
+        if j.get("finished_at") and j.get("created_at"):
+            j["turnaround_s"] = _epoch(j["finished_at"]) - _epoch(j["created_at"])
+    return state
+
+
+def run_load_bench(args) -> int:
+    import httpx
+
+    say = lambda msg: print(f"bench load: {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    data_dir = Path(tempfile.mkdtemp(prefix="structspec-load-"))
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STRUCTSPEC_") or k in (
+        "STRUCTSPEC_MODEL", "STRUCTSPEC_DEVICE", "STRUCTSPEC_CACHE_DIR", "STRUCTSPEC_KERNEL_BACKEND",
+        "STRUCTSPEC_GRAMMAR_BACKEND", "STRUCTSPEC_LOG_FORMAT")}
+    env.update(STRUCTSPEC_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               # a queue of our own: a shared Redis may carry other workers' queues
+               STRUCTSPEC_JOB_QUEUE=f"structspec-load-{uuid.uuid4().hex[:8]}",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    if args.database_url:
+        env["STRUCTSPEC_DATABASE_URL"] = args.database_url
+    if args.broker_url:
+        env["STRUCTSPEC_BROKER_URL"] = args.broker_url
+    if args.threads is not None:
+        env["STRUCTSPEC_TORCH_THREADS"] = str(args.threads)
+    label = stack_label(args.database_url, args.broker_url)
+    children = Children(env, data_dir)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + args.timeout
+    options = {"max_tokens": args.max_tokens, **({"strategy": args.strategy} if args.strategy else {})}
+    try:
+        say(f"{label}; data in {data_dir}; API on {base}")
+        children.start("server", "serve", "--port", str(port))
+        _wait(lambda: _healthy(httpx, base), children, deadline, "the API to become healthy")
+        children.start("worker", "worker", "--concurrency", str(args.worker_concurrency))
+        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
+        with httpx.Client(base_url=base, timeout=args.request_timeout, limits=limits) as http:
+            r = http.post("/v1/schemas", json={"name": "load-order", "schema": SCHEMA})
+            r.raise_for_status()
+            schema_id = r.json()["id"]
+            say("warm-up job (the worker loads the model)")
+            warm = http.post("/v1/extractions", json={"schema_id": schema_id, "document": documents(1, 99)[0],
+                                                      "options": options})
+            warm.raise_for_status()
+            poll_until_finished(http, [warm.json()["id"]], deadline, children.check)
+            docs = documents(args.jobs, args.seed)
+            say(f"firing {len(docs)} submissions from {args.concurrency} threads")
+            subs = fire(http, schema_id, docs, options, args.concurrency)
+            first_submit = min(s["t0"] for s in subs)
+            last_submit = max(s["t0"] + s["latency_s"] for s in subs)
+            ids = [s["id"] for s in subs if s["ok"]]
+            say(f"{len(ids)} accepted, {len(subs) - len(ids)} errors; waiting for the jobs")
+            jobs = poll_until_finished(http, ids, deadline, children.check, say=say)
+        finishes = [_epoch(j["finished_at"]) for j in jobs.values() if j.get("finished_at")]
+        summary = summarize(subs, jobs, first_submit, last_submit, max(finishes, default=None))
+        summary.update(stack=label, concurrency=args.concurrency, jobs_requested=args.jobs,
+                       max_tokens=args.max_tokens, strategy=args.strategy or "server default",
+                       worker_concurrency=args.worker_concurrency,
+                       strategies_used=_count(j.get("stats", {}) and j["stats"].get("strategy") for j in jobs.values()),
+                       failure_samples=[j.get("error") for j in jobs.values() if j["status"] == "failed"][:5])
+        print(markdown(summary, label), flush=True)
+        if args.out:
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps({"summary": summary, "submissions": subs,
+                                       "jobs": {k: {f: v.get(f) for f in ("status", "created_at", "finished_at",
+                                                                          "error", "timings", "stats")}
+                                                for k, v in jobs.items()}}, indent=1, default=str))
+            say(f"wrote {out}")
+        ok = summary["errors"] == 0 and summary["all_finished"]
+        say("PASS: zero errors, every job finished" if ok else "FAIL: errors or unfinished jobs")
+        return 0 if ok else 1
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    finally:
+        say("stopping the worker and the API")
+        children.stop_all()
+        signal.signal(signal.SIGTERM, previous)
+        if args.keep_logs:
+            for name in ("server", "worker"):
+                src = data_dir / f"{name}.log"
+                if src.exists():
+                    Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(src, Path(args.keep_logs) / f"load-{name}.log")
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _count(values) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        if v:
+            out[v] = out.get(v, 0) + 1
+    return out
+
+
+def stack_label(database_url: str | None, broker_url: str | None) -> str:
+    db = (database_url or "sqlite").split(":", 1)[0].split("+")[0]
+    broker = (broker_url or "sqla+sqlite").split(":", 1)[0]
+    return f"database {db}, broker {'embedded (sqla+sqlite)' if broker == 'sqla+sqlite' else broker}"
