@@ -56,7 +56,7 @@ class JobService:
                                                              options=options)])
         self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
                       what={"job_id": job_id, "schema_id": schema_id})
-        log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id),
+        log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
                                          "strategy": options["strategy"], "document_chars": len(data.document)})
         return JobAccepted(id=job_id, status="queued")
 
@@ -137,7 +137,7 @@ class JobService:
         self._publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
                       what={"batch_id": batch.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(batch.id), "schema_id": str(schema_id),
-                                           "strategy": options["strategy"], "jobs": len(rows),
+                                           "tenant": self.tenant, "strategy": options["strategy"], "jobs": len(rows),
                                            "rejected": len(rejected)})
         return BatchAccepted(id=batch.id, total=len(rows), rejected=rejected)
 
