@@ -51,7 +51,8 @@ class Client:
     def call(self, method: str, path: str, **kw) -> Any:
         """The decoded JSON body; a ClientError naming the server's `message` and `errors`."""
         try:
-            r = self.http.request(method, path, **kw, headers={**self.headers, **kw.pop("headers", {})})
+            headers = {**self.headers, **kw.pop("headers", {})}
+            r = self.http.request(method, path, headers=headers, **kw)
         except httpx.TransportError as e:
             raise ClientError(f"cannot reach the structspec server at {self.server}: {e} "
                               f"(start one with `structspec serve`, or pass --server)") from None

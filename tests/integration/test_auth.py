@@ -185,3 +185,15 @@ def test_keys_create_prints_the_key_as_its_last_word(tmp_path):
     assert listed.returncode == 0 and "tenant=acme" in listed.stdout and key not in listed.stdout
     bad = run("revoke", "not-an-id")
     assert bad.returncode == 2 and "no API key" in bad.stderr
+
+
+def test_the_cli_client_sends_its_api_key(client, keys, tmp_path):
+    from structspec.client import Client, ClientError
+
+    factory = client.app.state.session_factory
+    _, key = create_key(factory, "cli", "alice")
+    with Client("http://testserver", http=client, api_key=key) as c:
+        registered = c.register(str(tmp_path / "receipt.json"), SCHEMA)
+    assert client.get(f"/v1/schemas/{registered['id']}", headers=keys["alice"]).status_code == 200
+    with Client("http://testserver", http=client) as c, pytest.raises(ClientError, match="401"):
+        c.register(str(tmp_path / "receipt.json"), SCHEMA)
