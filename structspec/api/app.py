@@ -17,6 +17,7 @@ from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
 from structspec.api.openapi import StrictStructSchemaPlugin
+from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
 from structspec.api.services.health import HealthService
 from structspec.config import Settings
@@ -36,6 +37,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     from worker.app import make_celery  # celery only, no torch: publishes job ids
 
     publisher = make_celery(settings)
+    limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
 
     def shutdown() -> None:
         health.close()
@@ -47,7 +49,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
                         MetricsController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
-                     "publisher": publisher}),
+                     "publisher": publisher, "rate_limiter": limiter}),
+        middleware=[RateLimitMiddleware(limiter)],
         exception_handlers={Exception: handle_exception},
         plugins=[StrictStructSchemaPlugin()],
         request_max_body_size=settings.max_body_bytes,

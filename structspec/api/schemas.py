@@ -37,8 +37,14 @@ def provide_stats_service(state: State) -> StatsService:
 
 
 def _errors(*codes: int) -> dict[int, ResponseSpec]:
-    return {c: ResponseSpec(data_container=ErrorBody, description="error (see docs/api.md)", generate_examples=False)
-            for c in codes}
+    """The documented error responses of a /v1 route: `codes`, plus 429 (the rate limit,
+    structspec/api/ratelimit.py, applies to every /v1 route)."""
+    specs = {c: ResponseSpec(data_container=ErrorBody, description="error (see docs/api.md)", generate_examples=False)
+             for c in codes}
+    specs[429] = ResponseSpec(data_container=ErrorBody, generate_examples=False,
+                              description="over the client's request rate (rate_limit_per_minute); "
+                                          "retry after the Retry-After header's seconds")
+    return specs
 
 
 class SchemaController(Controller):
