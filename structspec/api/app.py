@@ -19,6 +19,7 @@ from structspec.api.metrics import MetricsController
 from structspec.api.openapi import StrictStructSchemaPlugin
 from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
+from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.health import HealthService
 from structspec.config import Settings
 from structspec.db.session import make_engine, make_session_factory
@@ -38,6 +39,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     publisher = make_celery(settings)
     limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    doclen = DocumentLengthChecker(settings)  # loads the tokenizer at the first submission
 
     def shutdown() -> None:
         health.close()
@@ -49,7 +51,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
                         MetricsController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
-                     "publisher": publisher, "rate_limiter": limiter}),
+                     "publisher": publisher, "rate_limiter": limiter, "doclen": doclen}),
         middleware=[RateLimitMiddleware(limiter)],
         exception_handlers={Exception: handle_exception},
         plugins=[StrictStructSchemaPlugin()],

@@ -19,7 +19,7 @@ Jobs = NamedDependency[JobService]
 
 
 def provide_job_service(state: State) -> JobService:
-    return JobService(state.session_factory, state.settings, state.publisher)
+    return JobService(state.session_factory, state.settings, state.publisher, state.doclen)
 
 
 class ExtractionController(Controller):
