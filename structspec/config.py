@@ -42,6 +42,25 @@ class Settings:
     max_schema_bytes: int = 256 * 1024  # one JSON Schema, serialized compactly
     max_document_bytes: int = 1024 * 1024  # one document's text, UTF-8
     max_batch_size: int = 10_000  # documents per batch
+    max_schema_depth: int = 32  # JSON nesting levels of one schema (the schema object is level 1)
+    max_schema_nodes: int = 10_000  # JSON objects and arrays in one schema (subschemas, property maps)
+    # "auto": the API counts a document's prompt tokens with the model's tokenizer (tokenizers
+    # only, no torch) when its files are on this machine, and refuses what cannot fit the
+    # context; "off": only the worker checks (the job fails naming both counts).
+    document_token_check: str = "auto"
+    # Per client (SHA-256 of the Authorization header, else the client IP), per API process:
+    # a token bucket refilled at rate_limit_per_minute, holding at most rate_limit_burst. 0 = off.
+    rate_limit_per_minute: int = 600
+    rate_limit_burst: int = 100
+    # Grammar engine limits (llguidance ParserLimits), checked when a schema is registered and
+    # enforced while masks are computed; a schema over them is refused with 422 naming the setting.
+    grammar_max_size: int = 500_000  # symbols in the grammar's productions
+    grammar_initial_lexer_fuel: int = 1_000_000  # work building the lexer (~50k per ms)
+    grammar_step_lexer_fuel: int = 200_000  # lexer work per token mask (~14k per ms)
+    grammar_step_max_items: int = 50_000  # Earley items per token mask (~20k per ms)
+    grammar_max_items_in_row: int = 2_000  # branching of one grammar row
+    grammar_max_lexer_states: int = 250_000  # lexer states (~1-2 kB each)
+    grammar_compile_timeout_s: int = 10  # wall clock for checking one schema at registration; 0 = none
     # API keys (structspec/api/auth.py): auth is on once a key exists, or always with this set.
     require_auth: bool = False
     # Jobs (API + worker). A claimed job holds a lease the worker renews while it runs; a job

@@ -19,7 +19,9 @@ from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
 from structspec.api.openapi import StrictStructSchemaPlugin
+from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
+from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.health import HealthService
 from structspec.config import Settings
 from structspec.db.session import make_engine, make_session_factory
@@ -38,6 +40,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
     from worker.app import make_celery  # celery only, no torch: publishes job ids
 
     publisher = make_celery(settings)
+    limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    doclen = DocumentLengthChecker(settings)  # loads the tokenizer at the first submission
 
     def shutdown() -> None:
         health.close()
@@ -49,10 +53,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
                         MetricsController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
-                     "publisher": publisher}),
+                     "publisher": publisher, "rate_limiter": limiter, "doclen": doclen}),
+        # Outermost first: the rate limit also meters requests with wrong keys (key guessing).
+        middleware=[RateLimitMiddleware(limiter), AUTH_MIDDLEWARE],
         exception_handlers={Exception: handle_exception},
         plugins=[StrictStructSchemaPlugin()],
-        middleware=[AUTH_MIDDLEWARE],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
             title="structspec", version=API_VERSION, path="/schema",

@@ -31,7 +31,7 @@ class ErrorItem(msgspec.Struct, kw_only=True):
     path: str = ""
     keyword: str | None = None  # the JSON Schema keyword at fault, for source "schema"
     message: str
-    source: str | None = None  # body | query | path | schema | database | broker
+    source: str | None = None  # body | query | path | schema | database | broker | rate_limit
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):

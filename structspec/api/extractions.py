@@ -20,7 +20,7 @@ Jobs = NamedDependency[JobService]
 
 
 def provide_job_service(state: State, request: Request) -> JobService:
-    return JobService(state.session_factory, state.settings, state.publisher, tenant=request.user)
+    return JobService(state.session_factory, state.settings, state.publisher, state.doclen, tenant=request.user)
 
 
 class ExtractionController(Controller):

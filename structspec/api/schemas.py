@@ -38,10 +38,14 @@ def provide_stats_service(state: State, request: Request) -> StatsService:
 
 
 def _errors(*codes: int) -> dict[int, ResponseSpec]:
-    """The documented error responses of a /v1 route: `codes`, and 401 (every /v1 route needs a
-    key once auth is on)."""
-    return {c: ResponseSpec(data_container=ErrorBody, description="error (see docs/api.md)", generate_examples=False)
-            for c in sorted({401, *codes})}
+    """The documented error responses of a /v1 route: `codes`, plus 401 (every /v1 route needs a
+    key once auth is on, structspec/api/auth.py) and 429 (the rate limit, structspec/api/ratelimit.py)."""
+    specs = {c: ResponseSpec(data_container=ErrorBody, description="error (see docs/api.md)", generate_examples=False)
+             for c in sorted({401, *codes})}
+    specs[429] = ResponseSpec(data_container=ErrorBody, generate_examples=False,
+                              description="over the client's request rate (rate_limit_per_minute); "
+                                          "retry after the Retry-After header's seconds")
+    return specs
 
 
 class SchemaController(Controller):

@@ -13,7 +13,7 @@ from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_prompt
 from structspec.engine.proposers import STRATEGIES, make_proposer
 from structspec.engine.tokens import token_text
-from structspec.grammar import GrammarCache, make_backend, validate_instance
+from structspec.grammar import GrammarCache, GrammarLimits, make_backend, validate_instance
 from structspec.grammar.verbatim import uses_verbatim
 
 
@@ -87,10 +87,11 @@ class Engine:
     """A loaded model plus grammar machinery. Build once per process; reuse per request."""
 
     def __init__(self, loaded: LoadedModel, grammar_backend: str = "llguidance",
-                 kernel_backend: str = "auto"):
+                 kernel_backend: str = "auto", grammar_limits: GrammarLimits | None = None):
         self.loaded = loaded
         self.kernel_backend = kernel_backend
-        self.grammars = GrammarCache(make_backend(grammar_backend, loaded.tokenizer, loaded.vocab_size))
+        self.grammars = GrammarCache(make_backend(grammar_backend, loaded.tokenizer, loaded.vocab_size,
+                                                  grammar_limits))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
         self.decoder = Decoder(loaded.model, loaded.vocab_size, loaded.eos_token_ids, self.token_text,
                                loaded.context_len)
@@ -99,7 +100,8 @@ class Engine:
     def from_settings(cls, settings: Settings) -> "Engine":
         loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype,
                             cache_dir=settings.cache_dir)
-        return cls(loaded, settings.grammar_backend, settings.kernel_backend)
+        return cls(loaded, settings.grammar_backend, settings.kernel_backend,
+                   GrammarLimits.from_settings(settings))
 
     def compile(self, schema: dict):
         """Check and compile `schema` (cached); raises SchemaError naming keyword and path."""

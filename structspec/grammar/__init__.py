@@ -10,14 +10,15 @@ from typing import Literal
 
 from structspec.grammar.base import (CompiledGrammar, GrammarBackend, Matcher, SchemaError,
                                      SchemaProblem)
+from structspec.grammar.limits import GrammarLimits, SchemaLimitExceeded
 from structspec.grammar.normalize import close_objects
 from structspec.grammar.validation import check_meta_schema, validate_instance
 
 BackendName = Literal["llguidance", "outlines"]
 BACKENDS: tuple[str, ...] = ("llguidance", "outlines")
 
-__all__ = ["BackendName", "CompiledGrammar", "GrammarBackend", "GrammarCache", "Matcher",
-           "SchemaError", "SchemaProblem", "check_schema", "make_backend", "schema_hash", "validate_instance"]
+__all__ = ["BackendName", "CompiledGrammar", "GrammarBackend", "GrammarCache", "GrammarLimits", "Matcher",
+           "SchemaError", "SchemaLimitExceeded", "SchemaProblem", "check_schema", "make_backend", "schema_hash", "validate_instance"]
 
 
 def schema_hash(schema: dict) -> str:
@@ -26,22 +27,24 @@ def schema_hash(schema: dict) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def check_schema(schema: dict) -> list[SchemaProblem]:
+def check_schema(schema: dict, limits: GrammarLimits | None = None) -> list[SchemaProblem]:
     """Everything compile() checks, without a tokenizer or model (~1 ms): the API uses it
-    at registration. Raises SchemaError naming keyword and JSON path; returns warnings for
-    what the grammar does not enforce exactly (results are validated with jsonschema anyway)."""
+    at registration. Raises SchemaError naming keyword and JSON path (SchemaLimitExceeded,
+    naming the setting, for a grammar over `limits`); returns warnings for what the grammar
+    does not enforce exactly (results are validated with jsonschema anyway)."""
     from structspec.grammar.llguidance_backend import prepare
     from structspec.grammar.verbatim import check_annotations
 
     check_meta_schema(schema)
     check_annotations(schema)
-    return prepare(close_objects(schema)).warnings
+    return prepare(close_objects(schema), limits=limits).warnings
 
 
-def make_backend(name: str, hf_tokenizer, vocab_size: int | None = None) -> GrammarBackend:
+def make_backend(name: str, hf_tokenizer, vocab_size: int | None = None,
+                 limits: GrammarLimits | None = None) -> GrammarBackend:
     if name == "llguidance":
         from structspec.grammar.llguidance_backend import LLGuidanceBackend
-        return LLGuidanceBackend(hf_tokenizer, vocab_size)
+        return LLGuidanceBackend(hf_tokenizer, vocab_size, limits)
     if name == "outlines":
         from structspec.grammar.outlines_backend import OutlinesBackend
         return OutlinesBackend(hf_tokenizer, vocab_size)

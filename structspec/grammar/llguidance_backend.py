@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
 from structspec.grammar.base import SchemaError, SchemaProblem
+from structspec.grammar.limits import GrammarLimits, SchemaLimitExceeded, limit_setting
 from structspec.grammar.validation import find_keyword, pointer
 
 # Compact JSON: no optional whitespace, so structure is forced byte for byte and the
@@ -57,39 +58,47 @@ class LLGuidanceMatcher:
 
 
 class LLGuidanceGrammar:
-    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str):
+    def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, limits=None):
         self._tokenizer = tokenizer
         self._grammar = grammar
+        self._limits = limits  # llguidance.LLParserLimits or None (llguidance's defaults)
 
     def matcher(self) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(LLMatcher(self._tokenizer, self._grammar, log_level=0))
+        return LLGuidanceMatcher(LLMatcher(self._tokenizer, self._grammar, log_level=0, limits=self._limits))
 
 
 class LLGuidanceBackend:
     name = "llguidance"
 
-    def __init__(self, hf_tokenizer, vocab_size: int | None = None):
+    def __init__(self, hf_tokenizer, vocab_size: int | None = None, limits: GrammarLimits | None = None):
         import llguidance.hf  # imports transformers: kept off the API's schema-check path
 
         # ~0.5 s for a 49k vocab: build once per tokenizer.
         self.vocab_size = vocab_size or len(hf_tokenizer)
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size)
+        self.limits = limits or GrammarLimits()
 
     def compile(self, schema: dict) -> LLGuidanceGrammar:
-        return LLGuidanceGrammar(self.tokenizer, prepare(schema, self.tokenizer).grammar)
+        return LLGuidanceGrammar(self.tokenizer, prepare(schema, self.tokenizer, self.limits).grammar,
+                                 self.limits.llguidance())
 
     def compile_verbatim(self, schema: dict, document: str, default: bool) -> LLGuidanceGrammar:
         """`schema` with its verbatim strings limited to spans of `document` (verbatim.py)."""
         from structspec.grammar.verbatim import build_lark
 
-        prepared = prepare(schema, self.tokenizer)  # the same format/oneOf handling as the plain grammar
+        prepared = prepare(schema, self.tokenizer, self.limits)  # the same format/oneOf handling
         lark = build_lark(prepared.schema, document, default, prepared.options)
         grammar = LLMatcher.grammar_from_lark(lark)
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer)
+        limits = self.limits.llguidance()
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, self.tokenizer, limits=limits)
         if is_error:
-            raise SchemaError([SchemaProblem("", f"verbatim grammar: {messages[0].strip().splitlines()[0]}",
-                                             "x-structspec-verbatim")])
-        return LLGuidanceGrammar(self.tokenizer, grammar)
+            first = messages[0].strip().splitlines()[0]
+            setting = limit_setting(first)
+            if setting:
+                raise SchemaLimitExceeded(setting, [SchemaProblem(
+                    "", f"verbatim grammar: {first} (setting {setting})", "x-structspec-verbatim")])
+            raise SchemaError([SchemaProblem("", f"verbatim grammar: {first}", "x-structspec-verbatim")])
+        return LLGuidanceGrammar(self.tokenizer, grammar, limits)
 
 
 @dataclass
@@ -100,8 +109,10 @@ class Prepared:
     warnings: list[SchemaProblem]  # what the grammar does not enforce exactly
 
 
-def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> Prepared:
+def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None,
+            limits: GrammarLimits | None = None) -> Prepared:
     """The llguidance grammar for `schema`; raises SchemaError. Needs no tokenizer to check.
+    A grammar over `limits` (default: llguidance's) raises SchemaLimitExceeded naming the setting.
 
     Two things the engine cannot enforce compile anyway, with a warning, because every result
     is validated with jsonschema afterwards (a violation fails the job naming the keyword):
@@ -110,12 +121,18 @@ def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> Pr
       * a `oneOf` whose branches llguidance cannot prove disjoint is enforced as `anyOf`.
     """
     options, warnings, current = dict(JSON_OPTIONS), [], schema
+    parser_limits = (limits or GrammarLimits()).llguidance()
     for _ in range(_MAX_REWRITES):
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(current), overrides=options)
-        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, tokenizer, limits=parser_limits)
         if not is_error:
             return Prepared(grammar, current, options, warnings)
         message = messages[0]
+        setting = limit_setting(message)
+        if setting:
+            first = message.strip().splitlines()[0]
+            raise SchemaLimitExceeded(setting, [SchemaProblem(
+                "", f"the schema's grammar is over a grammar engine limit: {first} (setting {setting})", None)])
         unknown = _UNKNOWN_FORMAT.search(message)
         if unknown:
             fmt = unknown.group(1).strip()
@@ -135,9 +152,10 @@ def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> Pr
     raise SchemaError(_problems(schema, message))
 
 
-def build_grammar(schema: dict, tokenizer: llguidance.LLTokenizer | None = None) -> str:
+def build_grammar(schema: dict, tokenizer: llguidance.LLTokenizer | None = None,
+                  limits: GrammarLimits | None = None) -> str:
     """The llguidance grammar for `schema` (see `prepare`); raises SchemaError."""
-    return prepare(schema, tokenizer).grammar
+    return prepare(schema, tokenizer, limits).grammar
 
 
 def drop_format(schema, fmt: str, path: tuple = ()) -> tuple[object, list[str]]:

@@ -10,6 +10,7 @@ Leases are 3 s here so a killed worker's jobs come back within seconds.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import replace
@@ -266,6 +267,54 @@ def test_submit_errors_are_4xx_in_the_error_shape(stack):
         err = assert_error(small.post("/v1/extractions", json={"schema_id": stack.schema_id,
                                                                "document": "x" * 11}), 413)
     assert "max_document_bytes" in err["detail"]
+
+
+LONG_DOCUMENT = "word " * 9000  # > 9000 tokens: past the tiny model's 8192-token context; 45 kB
+
+
+def test_document_too_long_for_the_context_is_422_at_submission_and_rejected_in_batches(stack):
+    """With the model's tokenizer files at hand (here: the worker's model directory) the API
+    counts the prompt's tokens, as the worker will, and refuses what cannot fit."""
+    with TestClient(create_app(replace(stack.settings, model=stack.worker.model)),
+                    raise_server_exceptions=False) as api:
+        err = assert_error(api.post("/v1/extractions", json={"schema_id": stack.schema_id,
+                                                             "document": LONG_DOCUMENT}), 422)
+        assert re.search(r"document is 900\d tokens; .* needs \d+ of the model's 8192-token context",
+                         err["detail"]), err
+        assert err["errors"][0]["path"] == "/document"
+        r = api.post("/v1/batches", json={"schema_id": stack.schema_id,
+                                          "documents": [{"document": "short"}, {"document": LONG_DOCUMENT}]})
+        assert r.status_code == 202, r.text
+        assert r.json()["total"] == 1
+        [rejected] = r.json()["rejected"]
+        assert rejected["line"] == 2 and "8192-token context" in rejected["message"]
+        assert api.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "short"}).status_code == 202
+
+
+def test_worker_fails_a_document_too_long_for_the_context_naming_both_counts(stack):
+    with TestClient(create_app(replace(stack.settings, document_token_check="off"))) as api:
+        r = api.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": LONG_DOCUMENT})
+    assert r.status_code == 202, r.text
+    job = stack.wait_job(r.json()["id"])
+    assert job["status"] == "failed" and job["result"] is None
+    assert re.search(r"document too long: the prompt is \d+ tokens but the model's context is 8192 tokens",
+                     job["error"]), job
+
+
+def test_api_token_count_equals_the_workers_prompt(tiny_model):
+    from transformers import AutoTokenizer
+
+    from structspec.api.services.doclen import PromptCounter, model_files
+    from structspec.engine.prompt import build_prompt
+
+    directory = model_files(tiny_model, Path("/nonexistent"))
+    assert directory is not None
+    counter = PromptCounter(directory)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    docs = ["", "label: b, ok: yes", "Gr\u00fc\u00dfe \u2014 \u65e5\u672c\n\n\tx " * 40, LONG_DOCUMENT]
+    assert counter.prompt_tokens(TINY_SCHEMA, docs) == [len(build_prompt(tokenizer, TINY_SCHEMA, d, 10**9))
+                                                         for d in docs]
+    assert counter.context_len == 8192
 
 
 def test_broker_unreachable_at_submit_is_503_and_stores_nothing(stack):

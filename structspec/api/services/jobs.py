@@ -17,6 +17,7 @@ import msgspec
 from sqlalchemy.orm import Session, sessionmaker
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError
+from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.schemas import SchemaService
 from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchRead, ExtractionCreate,
                                     JobAccepted, JobOptions, JobRead, JobStats, JobTimings, Rejected,
@@ -38,10 +39,11 @@ class JobService:
     """Jobs and batches of one tenant: another tenant's ids are unknown ids (404)."""
 
     def __init__(self, session_factory: sessionmaker[Session], settings: Settings, publisher,
-                 tenant: str = DEFAULT_TENANT):
+                 doclen: DocumentLengthChecker | None = None, tenant: str = DEFAULT_TENANT):
         self.session_factory = session_factory
         self.settings = settings
         self.publisher = publisher  # a Celery app (worker.app.make_celery)
+        self.doclen = doclen  # None: only the worker checks document length in tokens
         self.tenant = tenant
 
     # --- single extractions --------------------------------------------------------------------
@@ -50,6 +52,9 @@ class JobService:
         schema_id = self._resolve_schema(data.schema_id, data.schema)
         self._check_document(data.document, "/document")
         options = self.resolve_options(data.options)
+        [too_long] = self._token_problems(schema_id, [data.document])
+        if too_long:
+            raise UnprocessableError(too_long, [ErrorItem(path="/document", message=too_long, source="body")])
         with self.session_factory.begin() as session:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
                                                              document=data.document,
@@ -116,8 +121,11 @@ class JobService:
         schema_id = self._resolve_schema(schema_id_text, None)
         options = self.resolve_options(options_in)
         rows, rejected = [], []
-        for n, raw, problem in entries:
-            problem = problem or self._entry_problem(raw)
+        checked = [(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries]
+        fine = [raw["document"] for _, raw, problem in checked if not problem]
+        too_long = iter(self._token_problems(schema_id, fine))
+        for n, raw, problem in checked:
+            problem = problem or next(too_long)
             if problem:
                 rejected.append(Rejected(line=n, message=problem))
                 continue
@@ -242,6 +250,15 @@ class JobService:
             if SchemaRepository(session, self.tenant).get(sid) is None:
                 raise NotFoundError(f"no schema with id {schema_id}")
         return sid
+
+    def _token_problems(self, schema_id: uuid.UUID, documents: list[str]) -> list[str | None]:
+        """Per document, why its prompt cannot fit the model's context (None: it fits, or the
+        API has no tokenizer and leaves the check to the worker)."""
+        if self.doclen is None or not documents or self.doclen.counter() is None:
+            return [None] * len(documents)
+        with self.session_factory() as session:
+            schema = SchemaRepository(session).get(schema_id).body
+        return self.doclen.problems(schema, documents)
 
     def _check_document(self, document: str, path: str) -> None:
         size, limit = len(document.encode("utf-8", "surrogatepass")), self.settings.max_document_bytes

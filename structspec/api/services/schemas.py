@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import uuid
 from typing import Any
 
@@ -39,7 +40,7 @@ class SchemaService:
         name already has the same content, return it instead. Returns (record, created)."""
         check_name(data.name)
         self._check_size(data.schema)
-        warnings = check_usable(data.schema)
+        warnings = check_usable(data.schema, self.settings)
         from structspec.grammar import schema_hash
 
         digest = schema_hash(data.schema)
@@ -112,14 +113,31 @@ def check_name(name: str) -> None:
                        source="body")])
 
 
-def check_usable(schema: dict[str, Any]) -> list[str]:
-    """422 unless the schema is valid JSON Schema that the grammar engine can enforce; the
+def check_usable(schema: dict[str, Any], settings: Settings | None = None) -> list[str]:
+    """422 unless the schema is valid JSON Schema that the grammar engine can enforce within
+    the configured limits (shape: max_schema_depth, max_schema_nodes; grammar: grammar_*); the
     warnings ("path [keyword]: what is not enforced") otherwise."""
-    # Imported here: structspec.grammar pulls in torch (~2 s) and the API must start fast.
-    from structspec.grammar import SchemaError, check_schema
+    # Imported here: structspec.grammar loads llguidance and jsonschema; the API must start fast.
+    from structspec.grammar import GrammarLimits, SchemaError, SchemaLimitExceeded, check_schema
+    from structspec.grammar.limits import check_shape
 
+    settings = settings or Settings()
     try:
-        return [str(SchemaError([w])) for w in check_schema(schema)]
+        check_shape(schema, settings.max_schema_depth, settings.max_schema_nodes)
+        limits = GrammarLimits.from_settings(settings)
+        return [str(SchemaError([w])) for w in
+                _bounded(lambda: check_schema(schema, limits), settings.grammar_compile_timeout_s)]
+    except SchemaLimitExceeded as e:
+        first = e.problems[0]
+        raise UnprocessableError(f"schema is over a limit ({e.setting}): {first.message}", [
+            ErrorItem(path=p.path, keyword=p.keyword, message=p.message, source="schema") for p in e.problems
+        ]) from None
+    except CompileTimeout:
+        limit = settings.grammar_compile_timeout_s
+        message = (f"checking and compiling the schema's grammar took longer than {limit} s "
+                   f"(setting grammar_compile_timeout_s)")
+        raise UnprocessableError(f"schema is over a limit (grammar_compile_timeout_s): {message}", [
+            ErrorItem(message=message, source="schema")]) from None
     except SchemaError as e:
         raise UnprocessableError("schema is not usable", [
             ErrorItem(path=p.path, keyword=p.keyword, message=p.message, source="schema") for p in e.problems
@@ -132,6 +150,36 @@ def check_usable(schema: dict[str, Any]) -> list[str]:
         raise UnprocessableError("schema is not usable", [
             ErrorItem(message=f"the grammar engine could not compile it ({type(e).__name__})",
                       source="schema")]) from None
+
+
+class CompileTimeout(Exception):
+    """The schema check did not finish within grammar_compile_timeout_s."""
+
+
+def _bounded(fn, timeout_s: float):
+    """fn() run on its own thread, waited for at most `timeout_s` seconds (0: no bound); raises
+    CompileTimeout after that. llguidance releases the GIL while it compiles, so the wait is
+    honoured; the abandoned thread finishes in the background, its work capped by the grammar
+    engine's fuel limits (grammar_*)."""
+    if not timeout_s or timeout_s <= 0:
+        return fn()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=run, name="schema-check", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        log.warning("schema check still running after %s s; refused (grammar_compile_timeout_s)", timeout_s)
+        raise CompileTimeout()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def to_summary(r: SchemaRecord) -> SchemaSummary:

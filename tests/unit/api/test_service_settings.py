@@ -54,3 +54,14 @@ def test_sqlite_path_of_database_and_broker_urls():
     assert sqlite_path("sqla+sqlite:////srv/b.db") == Path("/srv/b.db")
     assert sqlite_path("sqlite://") is None
     assert sqlite_path("redis://h/0") is None
+
+
+def test_limit_settings_come_from_the_environment_with_documented_defaults():
+    d = Settings.from_env({})
+    assert (d.max_schema_depth, d.max_schema_nodes, d.rate_limit_per_minute, d.rate_limit_burst,
+            d.grammar_max_size, d.grammar_initial_lexer_fuel, d.grammar_compile_timeout_s,
+            d.document_token_check) == (32, 10_000, 600, 100, 500_000, 1_000_000, 10, "auto")
+    s = Settings.from_env({"STRUCTSPEC_MAX_SCHEMA_DEPTH": "8", "STRUCTSPEC_RATE_LIMIT_PER_MINUTE": "0",
+                           "STRUCTSPEC_GRAMMAR_MAX_SIZE": "1000", "STRUCTSPEC_DOCUMENT_TOKEN_CHECK": "off"})
+    assert (s.max_schema_depth, s.rate_limit_per_minute, s.grammar_max_size, s.document_token_check) == \
+        (8, 0, 1000, "off")
