@@ -459,6 +459,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seeds the generated documents")
     p.add_argument("--out", default="bench-out/load.json", help="JSON record (default %(default)s)")
     p.add_argument("--keep-logs", metavar="DIR", help="copy the server and worker logs here")
+    p.add_argument("--rate-limit", type=int, default=0, metavar="N",
+                   help="the server's rate_limit_per_minute (default 0 = off: one client firing --jobs at once "
+                        "is what the limiter refuses)")
     p.set_defaults(func=cmd_bench_load)
     p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
     p.add_argument("rest", nargs=argparse.REMAINDER)

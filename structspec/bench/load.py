@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -210,6 +211,9 @@ def run_load_bench(args) -> int:
         env["STRUCTSPEC_BROKER_URL"] = args.broker_url
     if args.threads is not None:
         env["STRUCTSPEC_TORCH_THREADS"] = str(args.threads)
+    # One client firing --jobs requests at once is what the per-client rate limit refuses (429
+    # past its burst); the limiter has its own tests, this measures the service behind it.
+    env["STRUCTSPEC_RATE_LIMIT_PER_MINUTE"] = str(args.rate_limit)
     label = stack_label(args.database_url, args.broker_url)
     children = Children(env, data_dir)
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
@@ -218,11 +222,18 @@ def run_load_bench(args) -> int:
     options = {"max_tokens": args.max_tokens, **({"strategy": args.strategy} if args.strategy else {})}
     try:
         say(f"{label}; data in {data_dir}; API on {base}")
+        # Every request goes through auth with a key of its own tenant, as in production.
+        created = subprocess.run([sys.executable, "-m", "structspec.cli", "keys", "create", "--name", "bench-load",
+                                  "--tenant", f"load-{uuid.uuid4().hex[:8]}"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=300)
+        if created.returncode != 0:
+            raise RuntimeError(f"structspec keys create failed: {created.stderr.strip()[-2000:]}")
+        auth = {"authorization": f"Bearer {created.stdout.split()[-1]}"}
         children.start("server", "serve", "--port", str(port))
         _wait(lambda: _healthy(httpx, base), children, deadline, "the API to become healthy")
         children.start("worker", "worker", "--concurrency", str(args.worker_concurrency))
         limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
-        with httpx.Client(base_url=base, timeout=args.request_timeout, limits=limits) as http:
+        with httpx.Client(base_url=base, timeout=args.request_timeout, limits=limits, headers=auth) as http:
             r = http.post("/v1/schemas", json={"name": "load-order", "schema": SCHEMA})
             r.raise_for_status()
             schema_id = r.json()["id"]
@@ -243,7 +254,8 @@ def run_load_bench(args) -> int:
         summary = summarize(subs, jobs, first_submit, last_submit, max(finishes, default=None))
         summary.update(stack=label, concurrency=args.concurrency, jobs_requested=args.jobs,
                        max_tokens=args.max_tokens, strategy=args.strategy or "server default",
-                       worker_concurrency=args.worker_concurrency,
+                       worker_concurrency=args.worker_concurrency, rate_limit_per_minute=args.rate_limit,
+                       auth="Bearer key",
                        strategies_used=_count(j.get("stats", {}) and j["stats"].get("strategy") for j in jobs.values()),
                        failure_samples=[j.get("error") for j in jobs.values() if j["status"] == "failed"][:5])
         print(markdown(summary, label), flush=True)
