@@ -58,12 +58,24 @@ def test_tokens_refill_with_time(limited):
 
 
 def test_each_authorization_value_has_its_own_bucket(limited):
+    from structspec.api.auth import create_key
+
     client, _ = limited
+    one, two = (create_key(client.app.state.session_factory, name, name)[1] for name in ("one", "two"))
     for _ in range(3):
-        client.get("/v1/schemas", headers={"authorization": "Bearer one"})
-    assert client.get("/v1/schemas", headers={"authorization": "Bearer one"}).status_code == 429
-    assert client.get("/v1/schemas", headers={"authorization": "Bearer two"}).status_code == 200
-    assert client.get("/v1/schemas").status_code == 200  # no header: the client address's bucket
+        assert client.get("/v1/schemas", headers={"authorization": f"Bearer {one}"}).status_code == 200
+    assert client.get("/v1/schemas", headers={"authorization": f"Bearer {one}"}).status_code == 429
+    assert client.get("/v1/schemas", headers={"authorization": f"Bearer {two}"}).status_code == 200
+    # no header: the client address's bucket (fresh), then auth refuses it (keys exist)
+    assert client.get("/v1/schemas").status_code == 401
+
+
+def test_a_wrong_key_is_metered_too(limited):
+    """The limiter runs before auth: a refused key's requests count like any other (each distinct
+    header value has its own bucket, though; see docs/api.md#limits)."""
+    client, _ = limited
+    guess = {"authorization": "Bearer ss_guess"}
+    assert [client.get("/v1/schemas", headers=guess).status_code for _ in range(4)] == [401, 401, 401, 429]
 
 
 def test_health_metrics_and_openapi_are_not_limited(limited):
