@@ -117,7 +117,7 @@ def test_spans_prefer_occurrences_after_the_previous_value():
 
 VERBATIM_SCHEMA = {"type": "object", "properties": {"payer": {"type": "string"}, "leaver": {"type": "string"}},
                    "required": ["payer", "leaver"]}
-RECEIPT = "Bob Smith paid. Bob Jones left."
+RECEIPT = "Bob Smith paid. Jo Jones left. Bob Smith came back."
 
 
 def verbatim_ctx(tokenizer, prefix: str, verbatim: bool = True) -> DraftContext:
@@ -128,14 +128,23 @@ def verbatim_ctx(tokenizer, prefix: str, verbatim: bool = True) -> DraftContext:
                         verbatim=verbatim)
 
 
-def test_verbatim_lookup_copies_the_span_after_the_previous_value(tokenizer):
-    # The free lookup matches the tail '"Bo' in the output only: it repeats the previous value.
-    free = draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Bo', verbatim=False), "ngram", k=4)
-    assert free.startswith("b Smith")
-    # Verbatim: the value is a document span, so "Bo" is looked up whole in the document, and
-    # of its two places the one after "Bob Smith" (the previous value) comes first.
+def test_verbatim_lookup_drafts_a_value_too_short_for_the_free_lookup(tokenizer):
+    # "Jo" is shorter than the free lookup's 3 characters and '"Jo' is not in the output: nothing.
+    assert draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Jo', verbatim=False), "ngram") == ""
+    # Verbatim: the value is a document span, so "Jo" is looked up whole in the document.
+    assert draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Jo'), "ngram", k=3).startswith(" Jones")
+
+
+def test_the_usual_match_goes_first_when_the_grammar_takes_it(tokenizer):
+    # '"Bo' matches the output (the previous value): a repeat is what the usual lookup drafts,
+    # and verbatim mode keeps it first (it matches more context than the value alone).
     text = draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Bo'), "ngram", k=4)
-    assert text.startswith("b Jones")
+    assert text.startswith("b Smith")
+
+
+def test_spans_follow_the_previous_value(tokenizer):
+    index = DocumentIndex(RECEIPT)
+    assert index.spans("Bob", 8, after=index.end_of("Jo Jones")) == [" Smith c", " Smith p"]
 
 
 def test_the_grammar_picks_among_candidate_spans(tokenizer):
