@@ -11,24 +11,21 @@ MIN_SPAN_CHARS = 2  # a verbatim value this long is looked up whole (a 1-char on
 def lookup_step(ctx: DraftContext, tail: str, budget: int) -> list[int]:
     """Consume (into ctx.matcher) the grammar-valid prefix of the copied continuation.
 
-    The usual candidate is the longest match of the tail in the document or the output. In a
-    verbatim request, the document's continuations of the string value being written follow
-    it; the grammar picks the candidate with the longest valid prefix, the earlier on a tie. The
-    usual candidate goes first because it matches more context (the key, earlier structure):
-    the default model's loops repeat whole values, which the value alone cannot tell apart from
-    the document's next occurrence (bench strategies, verbatim mode: spans first cost 0.26
-    tokens/pass against none, see docs/benchmarks.md)."""
+    The longest match of the tail in the document or the output wins. Where there is none and
+    the request is verbatim, the string value being written is looked up whole in the document
+    and the grammar picks among its places: the candidate with the longest valid prefix (the
+    earlier on a tie). Spans never replace a match: in a verbatim value every span is valid, so
+    the grammar cannot tell "the value's next occurrence" from "what followed this key before",
+    and the default model mostly repeats earlier values (offering spans first cost 0.26
+    tokens/pass against none; docs/benchmarks.md)."""
     if budget <= 0:
         return []
     n_chars = budget * CHARS_PER_TOKEN
     usual = ctx.document.continuation(tail, n_chars)
-    candidates = [usual] if usual else []
-    if ctx.verbatim:
-        candidates += [c for c in span_candidates(ctx, tail, n_chars) if c != usual]
-    if len(candidates) == 1:
-        return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(candidates[0])[:budget])
+    if usual or not ctx.verbatim:
+        return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(usual)[:budget]) if usual else []
     best: list[int] = []
-    for text in candidates:
+    for text in span_candidates(ctx, tail, n_chars):
         tokens = ctx.tokens.encode(text)[:budget]
         valid = ctx.matcher.validate(tokens)
         if valid > len(best):

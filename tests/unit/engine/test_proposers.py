@@ -135,9 +135,9 @@ def test_verbatim_lookup_drafts_a_value_too_short_for_the_free_lookup(tokenizer)
     assert draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Jo'), "ngram", k=3).startswith(" Jones")
 
 
-def test_the_usual_match_goes_first_when_the_grammar_takes_it(tokenizer):
+def test_the_usual_match_wins_over_document_spans(tokenizer):
     # '"Bo' matches the output (the previous value): a repeat is what the usual lookup drafts,
-    # and verbatim mode keeps it first (it matches more context than the value alone).
+    # and verbatim mode keeps it (it matches more context than the value alone).
     text = draft_text(verbatim_ctx(tokenizer, '{"payer":"Bob Smith","leaver":"Bo'), "ngram", k=4)
     assert text.startswith("b Smith")
 
