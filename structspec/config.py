@@ -31,6 +31,11 @@ class Settings:
     draft_len: int = 8
     max_tokens: int = 1024
     torch_threads: int = 0  # 0 = torch's default; 1 is often faster on a busy 2-core machine
+    # Batched engine (structspec/engine): sequences decoded together, and their KV memory.
+    engine_max_seqs: int = 16  # most sequences in one forward pass; 1 = one document at a time
+    engine_kv_budget_mb: int = 2048  # KV of running sequences (reserved for their worst case) + prefix cache
+    engine_prefill_chunk: int = 512  # prompt tokens computed per step, over all sequences
+    engine_prefix_cache_mb: int = 256  # KV of shared prompt prefixes (instruction + schema), inside the budget
     # Service (API, worker, migrations). Empty URLs are derived from data_dir in __post_init__:
     # a SQLite file and kombu's SQLAlchemy transport on SQLite, so a fresh clone needs no servers.
     database_url: str = ""  # e.g. postgresql://user@host/db (driver psycopg is implied)

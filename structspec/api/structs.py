@@ -10,17 +10,36 @@ import msgspec
 from litestar.openapi.spec import OpenAPIType, Schema
 
 from structspec.api.errors import ErrorItem
+from structspec.options import JOB_STRATEGIES, SPECS
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]*[A-Za-z0-9_-][A-Za-z0-9._-]*$"  # not only dots ("." or "..")
-STRATEGIES = ["auto", "none", "schema", "ngram", "composite"]
+STRATEGIES = list(JOB_STRATEGIES)
 # PostgreSQL text cannot hold U+0000, so stored free text refuses it (on every backend alike).
 NO_NUL = r"^[^\x00]*$"
 
 
 def _documented(**keywords: Any) -> dict[str, Any]:
     """JSON Schema keywords for the OpenAPI document only: the service checks these itself
-    (the engine's rules, 422 naming the option), so msgspec does not enforce them."""
+    (RequestOptions.check, 422 naming the option), so msgspec does not enforce them."""
     return {"extra": keywords}
+
+
+def option_keywords(name: str, nullable: bool = True) -> dict[str, Any]:
+    """The JSON Schema bounds and enum of request option `name`, from structspec.options.SPECS
+    (`nullable`: the enum also lists null, for a field that may be left unset)."""
+    spec = SPECS[name]
+    keywords: dict[str, Any] = {k: v for k, v in (("minimum", spec.minimum), ("maximum", spec.maximum))
+                                if v is not None}
+    if spec.choices is not None:
+        keywords["enum"] = [*spec.choices, None] if nullable else list(spec.choices)
+    return keywords
+
+
+def _option(name: str, describe: bool = True, nullable: bool = True) -> msgspec.Meta:
+    """A request option's msgspec metadata: SPECS' help as description, its bounds documented only."""
+    return msgspec.Meta(description=SPECS[name].help if describe else None,
+                        extra_json_schema=_documented(**option_keywords(name, nullable)))
+
 
 SchemaName = Annotated[str, msgspec.Meta(
     min_length=1, max_length=200, pattern=NAME_PATTERN,
@@ -85,20 +104,15 @@ class HealthFailure(msgspec.Struct, kw_only=True):
 # --- extraction jobs and batches --------------------------------------------------------------
 
 class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Decoding options; unset ones take the server's defaults (STRUCTSPEC_STRATEGY, ...)."""
+    """Decoding options (structspec.options.RequestOptions); unset ones take the server's defaults
+    (STRUCTSPEC_JOB_STRATEGY, STRUCTSPEC_DRAFT_LEN, STRUCTSPEC_MAX_TOKENS)."""
 
-    strategy: Annotated[str, msgspec.Meta(
-        description="auto (default: chosen per job from the schema's statistics) | none | schema | ngram | "
-                    "composite", extra_json_schema=_documented(enum=[*STRATEGIES, None]))] | None = None
-    draft_len: Annotated[int, msgspec.Meta(extra_json_schema=_documented(minimum=0, maximum=64))] | None = None
-    temperature: Annotated[float, msgspec.Meta(
-        extra_json_schema=_documented(minimum=0, maximum=10))] | None = None
-    seed: int | None = None
-    max_tokens: Annotated[int, msgspec.Meta(
-        extra_json_schema=_documented(minimum=1, maximum=65536))] | None = None
-    verbatim: Annotated[bool, msgspec.Meta(
-        description="plain string fields only copy spans of the document (default false); the schema "
-                    "annotation x-structspec-verbatim: true|false overrides it per subschema")] | None = None
+    strategy: Annotated[str, _option("strategy")] | None = None
+    draft_len: Annotated[int, _option("draft_len")] | None = None
+    temperature: Annotated[float, _option("temperature")] | None = None
+    seed: Annotated[int, _option("seed")] | None = None
+    max_tokens: Annotated[int, _option("max_tokens")] | None = None
+    verbatim: Annotated[bool, _option("verbatim")] | None = None
 
 
 class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -201,9 +215,9 @@ class StrategyChoice(msgspec.Struct, kw_only=True):
 class StrategyPin(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Pin `auto` jobs of a schema to one strategy; strategy "auto" removes the pin."""
 
-    strategy: Annotated[str, msgspec.Meta(description="auto | none | schema | ngram | composite",
-                                          extra_json_schema=_documented(enum=STRATEGIES))]
-    draft_len: Annotated[int, msgspec.Meta(extra_json_schema=_documented(minimum=0, maximum=64))] | None = None
+    strategy: Annotated[str, msgspec.Meta(description=" | ".join(STRATEGIES),
+                                          extra_json_schema=_documented(**option_keywords("strategy", False)))]
+    draft_len: Annotated[int, _option("draft_len", describe=False)] | None = None
 
 
 class ArmStats(msgspec.Struct, kw_only=True):
@@ -220,6 +234,9 @@ class ArmStats(msgspec.Struct, kw_only=True):
     decode_s: float
     accepted_by_position: list[int]
     proposed_by_position: list[int]
+    mean_batch_size: Annotated[float | None, msgspec.Meta(
+        description="mean over requests of the sequences decoded together in a job's steps (1: one at a time); "
+                    "null before any request")]
 
 
 class SchemaStats(msgspec.Struct, kw_only=True):
