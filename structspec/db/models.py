@@ -159,12 +159,15 @@ class ArmStatsRecord(Base):
     d_passes: Mapped[float] = mapped_column(sa.Float, default=0.0)
     d_decode_s: Mapped[float] = mapped_column(sa.Float, default=0.0)
     seen_at: Mapped[int] = mapped_column(sa.BigInteger, default=0)
+    # sum over requests of the job's mean batch size (sequences decoded together per step)
+    batch_size_sum: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
     updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
 class PositionStatsRecord(Base):
     """Per draft position i of one arm: passes in which position i was proposed / accepted
-    (accepted at i implies accepted at 0..i-1), exact and decayed."""
+    (accepted at i implies accepted at 0..i-1) / reached (offered, with 0..i-1 accepted: the
+    selector's trials of position i), exact and decayed."""
 
     __tablename__ = "schema_position_stats"
     __table_args__ = (
@@ -180,6 +183,8 @@ class PositionStatsRecord(Base):
     proposed: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     accepted: Mapped[int] = mapped_column(sa.BigInteger, default=0)
     d_accepted: Mapped[float] = mapped_column(sa.Float, default=0.0)
+    reached: Mapped[int] = mapped_column(sa.BigInteger, default=0, server_default="0")
+    d_reached: Mapped[float] = mapped_column(sa.Float, default=0.0, server_default="0")
 
 
 class StrategyPinRecord(Base):

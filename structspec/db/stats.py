@@ -41,7 +41,7 @@ class StatsRepository:
         agg = to_aggregate(row, positions.values())
         agg.add(stats, clock, half_life, latency_s)
         for name in ("requests", "output_tokens", "target_passes", "proposed", "accepted", "decode_s",
-                     "latency_s_sum", "d_requests", "d_passes", "d_decode_s", "seen_at"):
+                     "latency_s_sum", "batch_size_sum", "d_requests", "d_passes", "d_decode_s", "seen_at"):
             setattr(row, name, getattr(agg, name))
         row.latency_buckets = list(agg.latency_buckets)
         row.updated_at = utcnow()
@@ -53,6 +53,8 @@ class StatsRepository:
             p.proposed = agg.proposed_by_position[i]
             p.accepted = agg.accepted_by_position[i]
             p.d_accepted = agg.d_accepted_by_position[i]
+            p.reached = agg.reached_by_position[i]
+            p.d_reached = agg.d_reached_by_position[i]
         self.session.flush()
 
     def _insert_absent(self, schema_id: uuid.UUID, strategy: str, draft_len: int) -> None:
@@ -67,7 +69,7 @@ class StatsRepository:
         self.session.execute(insert(ArmStatsRecord).values(
             schema_id=schema_id, strategy=strategy, draft_len=draft_len, requests=0, output_tokens=0,
             target_passes=0, proposed=0, accepted=0, decode_s=0.0, latency_s_sum=0.0,
-            latency_buckets=empty.latency_buckets, d_requests=0.0, d_passes=0.0, d_decode_s=0.0, seen_at=0,
+            latency_buckets=empty.latency_buckets, batch_size_sum=0.0, d_requests=0.0, d_passes=0.0, d_decode_s=0.0, seen_at=0,
             updated_at=utcnow()).on_conflict_do_nothing())
 
     # --- read ----------------------------------------------------------------------------------
@@ -94,10 +96,10 @@ class StatsRepository:
 
     def metric_rows(self) -> Sequence[sa.Row]:
         """(schema_id, name, version, strategy, requests, output_tokens, target_passes, proposed,
-        accepted, decode_s, latency_s_sum, latency_buckets) per arm, for /metrics."""
+        accepted, decode_s, batch_size_sum, latency_s_sum, latency_buckets) per arm, for /metrics."""
         q = (sa.select(A.schema_id, SchemaRecord.name, SchemaRecord.version, A.strategy, A.requests,
-                       A.output_tokens, A.target_passes, A.proposed, A.accepted, A.decode_s, A.latency_s_sum,
-                       A.latency_buckets)
+                       A.output_tokens, A.target_passes, A.proposed, A.accepted, A.decode_s, A.batch_size_sum,
+                       A.latency_s_sum, A.latency_buckets)
              .join(SchemaRecord, SchemaRecord.id == A.schema_id)
              .order_by(SchemaRecord.name, SchemaRecord.version, A.strategy, A.draft_len))
         return self.session.execute(q).all()
@@ -128,14 +130,16 @@ class StatsRepository:
 def to_aggregate(row: ArmStatsRecord, positions) -> ArmAggregate:
     ps = sorted(positions, key=lambda p: p.position)
     n = (ps[-1].position + 1) if ps else 0
-    prop, acc, dacc = [0] * n, [0] * n, [0.0] * n
+    prop, acc, reached, dacc, dreached = [0] * n, [0] * n, [0] * n, [0.0] * n, [0.0] * n
     for p in ps:
-        prop[p.position], acc[p.position], dacc[p.position] = p.proposed, p.accepted, p.d_accepted
+        prop[p.position], acc[p.position], reached[p.position] = p.proposed, p.accepted, p.reached
+        dacc[p.position], dreached[p.position] = p.d_accepted, p.d_reached
     buckets = list(row.latency_buckets or [])
     buckets += [0] * (len(LATENCY_BUCKETS) + 1 - len(buckets))
     return ArmAggregate(strategy=row.strategy, draft_len=row.draft_len, requests=row.requests,
                         output_tokens=row.output_tokens, target_passes=row.target_passes, proposed=row.proposed,
                         accepted=row.accepted, decode_s=row.decode_s, latency_s_sum=row.latency_s_sum,
                         latency_buckets=buckets, proposed_by_position=prop, accepted_by_position=acc,
+                        reached_by_position=reached, batch_size_sum=row.batch_size_sum,
                         d_requests=row.d_requests, d_passes=row.d_passes, d_decode_s=row.d_decode_s,
-                        d_accepted_by_position=dacc, seen_at=row.seen_at)
+                        d_accepted_by_position=dacc, d_reached_by_position=dreached, seen_at=row.seen_at)

@@ -69,11 +69,15 @@ class ArmAggregate:
     latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     proposed_by_position: list[int] = field(default_factory=list)
     accepted_by_position: list[int] = field(default_factory=list)
+    # passes in which position i was offered (k > i) with 0..i-1 accepted: the trials of c_i
+    reached_by_position: list[int] = field(default_factory=list)
+    batch_size_sum: float = 0.0  # sum over requests of the job's mean batch size
     # decayed, as of schema request clock `seen_at`
     d_requests: float = 0.0
     d_passes: float = 0.0
     d_decode_s: float = 0.0
     d_accepted_by_position: list[float] = field(default_factory=list)
+    d_reached_by_position: list[float] = field(default_factory=list)
     seen_at: int = 0
 
     def add(self, stats: dict[str, Any], clock: int, half_life: float, latency_s: float | None = None) -> None:
@@ -84,10 +88,16 @@ class ArmAggregate:
         self.d_decode_s = self.d_decode_s * g + stats["decode_s"]
         acc = list(stats.get("accepted_by_position") or [])
         prop = list(stats.get("proposed_by_position") or [])
-        n = max(len(acc), len(prop), len(self.proposed_by_position))
-        for name, extra in (("proposed_by_position", prop), ("accepted_by_position", acc)):
+        reached = job_reached(stats, self.draft_len)
+        # every position list has one entry per stored position (a row of schema_position_stats)
+        n = max(len(acc), len(prop), len(reached), len(self.proposed_by_position))
+        for name, extra in (("proposed_by_position", prop), ("accepted_by_position", acc),
+                            ("reached_by_position", reached)):
             setattr(self, name, _add_lists(getattr(self, name), extra, n))
         self.d_accepted_by_position = _add_lists([x * g for x in self.d_accepted_by_position], acc, n)
+        self.d_reached_by_position = _add_lists([x * g for x in self.d_reached_by_position], reached, n)
+        batch_size = stats.get("batch_size")  # absent: a job from before batching, decoded alone
+        self.batch_size_sum += 1.0 if batch_size is None else float(batch_size)
         self.seen_at = clock + 1
         self.requests += 1
         self.output_tokens += stats["output_tokens"]
@@ -105,15 +115,22 @@ class ArmAggregate:
         """The decayed counts as of schema request clock `clock`."""
         g = decay_factor(half_life, clock - self.seen_at)
         passes = self.target_passes or 1
+        # positions never drafted (stored only for their reached counts) add no share; an arm
+        # that drafted nothing keeps an empty list, which PassCost prices at its k as before
+        drafted = list(self.proposed_by_position)
+        while drafted and not drafted[-1]:
+            drafted.pop()
         return ArmView(self.strategy, self.draft_len, self.d_passes * g, self.d_decode_s * g,
                        [x * g for x in self.d_accepted_by_position], self.d_requests * g,
-                       drafted_by_position=[p / passes for p in self.proposed_by_position])
+                       drafted_by_position=[p / passes for p in drafted],
+                       reached_by_position=[x * g for x in self.d_reached_by_position])
 
 
 @dataclass(frozen=True)
 class ArmView:
     """What the selector sees of one arm: decayed passes, decode seconds and, per draft
-    position i, passes in which position i was accepted (which implies 0..i-1 were)."""
+    position i, passes in which position i was accepted (which implies 0..i-1 were) and
+    passes in which it was reached (offered, with 0..i-1 accepted)."""
 
     strategy: str
     draft_len: int
@@ -123,11 +140,27 @@ class ArmView:
     requests: float = 0.0
     # share of passes whose (grammar-cut) draft reached position i: exact totals, not decayed
     drafted_by_position: list[float] = field(default_factory=list)
+    # decayed; None: not measured, the selector derives it from accepted_by_position as
+    # job_reached does for a job from before the key
+    reached_by_position: list[float] | None = None
 
     @property
     def drafted_per_pass(self) -> float:
         """Draft tokens the target verified per pass, on average (what a pass costs grows with)."""
         return sum(self.drafted_by_position)
+
+
+def job_reached(stats: dict[str, Any], draft_len: int) -> list[int]:
+    """A job's reached_by_position; for stats from before the key, derived as if every pass was
+    offered its full `draft_len`: position 0 reached in every pass, position i when i-1 was
+    accepted (a draft the grammar cut short still counts as reaching the next position)."""
+    if stats.get("reached_by_position") is not None:
+        return list(stats["reached_by_position"])
+    acc = list(stats.get("accepted_by_position") or [])
+    reached = [stats["target_passes"], *acc][:draft_len]
+    if len(reached) > len(acc) and not reached[-1]:  # a position nothing reached: no entry needed
+        reached.pop()
+    return reached
 
 
 def _add_lists(a: list, b: list, n: int) -> list:

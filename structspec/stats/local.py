@@ -12,6 +12,7 @@ import uuid
 from typing import Any
 
 from structspec.config import Settings
+from structspec.stats.resolve import InFlight
 from structspec.stats.selector import Choice
 
 
@@ -38,18 +39,33 @@ class LocalStats:
             SchemaCreate(name=name, schema=schema, description="registered by structspec extract"))
         self.schema_id: uuid.UUID = registered.id
         self.name = f"{registered.name} v{registered.version}"
+        self.in_flight = InFlight()
 
     def choose(self, draft_len: int | None = None, verbatim: bool = False) -> tuple[Choice, str]:
-        """A Thompson draw (or the schema's pin), as the worker makes it for a job."""
+        """A Thompson draw (or the schema's pin), as the worker makes it for a job; the choice
+        counts as pending until `record` gets its stats."""
         from structspec.stats.resolve import choose
 
         with self.sessions() as session:
-            return choose(session, self.settings, self.schema_id, job_id=uuid.uuid4(), draft_len=draft_len,
-                          verbatim=verbatim)
+            choice, why = choose(session, self.settings, self.schema_id, job_id=uuid.uuid4(), draft_len=draft_len,
+                                 verbatim=verbatim, pending=self.in_flight.pending(self.schema_id, verbatim))
+        self.in_flight.begin(self.schema_id, verbatim, choice.strategy)
+        return choice, why
+
+    def acceptance(self, strategy: str, n: int, verbatim: bool = False) -> list[float]:
+        """A Thompson draw of the schema's acceptance of `strategy` at draft positions 0..n-1,
+        as the worker passes it (the engine trims drafts by it when they do not pay)."""
+        from structspec.stats.resolve import acceptance_curve
+
+        with self.sessions() as session:
+            return acceptance_curve(session, self.settings, self.schema_id, strategy, n, verbatim=verbatim,
+                                    job_id=uuid.uuid4())
 
     def record(self, stats: dict[str, Any], latency_s: float) -> None:
+        """Store one document's stats (and end its pending choice)."""
         from structspec.db.stats import StatsRepository
 
+        self.in_flight.end(self.schema_id, bool(stats.get("verbatim")), stats["strategy"])
         with self.sessions.begin() as session:
             StatsRepository(session).record(self.schema_id, stats, half_life=self.settings.stats_half_life,
                                             latency_s=latency_s)

@@ -22,6 +22,9 @@ COUNTERS = (  # (metric name without _total, row field, help)
     ("structspec_target_passes", "target_passes", "Target-model forward passes after prefill"),
     ("structspec_draft_tokens_proposed", "proposed", "Draft tokens sent to verification"),
     ("structspec_draft_tokens_accepted", "accepted", "Draft tokens accepted by the target model"),
+    ("structspec_job_batch_size", "batch_size_sum",
+     "Sum over jobs of the mean number of sequences decoded together in the job's steps "
+     "(over structspec_requests_total: the mean batch size)"),
 )
 
 

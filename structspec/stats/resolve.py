@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import random
+import threading
 import uuid
-from typing import Any
+from collections import Counter
+from typing import Mapping
 
 from sqlalchemy.orm import Session
 
 from structspec.config import Settings
+from structspec.options import AUTO, RequestOptions
 from structspec.stats.aggregate import mode_views
 from structspec.stats.selector import Choice, Selector, SelectorConfig
-
-AUTO = "auto"
 
 
 def selector_config(settings: Settings) -> SelectorConfig:
@@ -22,7 +23,8 @@ def selector_config(settings: Settings) -> SelectorConfig:
 
 
 def choose(session: Session, settings: Settings, schema_id: uuid.UUID, *, job_id: uuid.UUID | None = None,
-           draft_len: int | None = None, verbatim: bool = False) -> tuple[Choice, str]:
+           draft_len: int | None = None, verbatim: bool = False,
+           pending: Mapping[str, float] | None = None) -> tuple[Choice, str]:
     """(choice, why) for a job of `schema_id`: the schema's pin if set ("pinned"), else a
     Thompson draw seeded by (stats_seed, job_id) ("selected"); job_id None gives the
     posterior-mean choice ("estimate"). Verbatim jobs learn only from verbatim jobs."""
@@ -34,16 +36,60 @@ def choose(session: Session, settings: Settings, schema_id: uuid.UUID, *, job_id
         return Choice(pin.strategy, pin.draft_len), "pinned"
     views = mode_views(repo.views(schema_id, settings.stats_half_life), verbatim)
     rng = random.Random(f"{settings.stats_seed}:{job_id}") if job_id is not None else None
-    choice = Selector(selector_config(settings)).choose(views, rng, draft_len=draft_len)
+    choice = Selector(selector_config(settings)).choose(views, rng, draft_len=draft_len, pending=pending)
     return choice, "selected" if rng is not None else "estimate"
 
 
 def resolve_options(session: Session, settings: Settings, schema_id: uuid.UUID, job_id: uuid.UUID,
-                    options: dict[str, Any], verbatim: bool = False) -> dict[str, Any]:
+                    options: RequestOptions, verbatim: bool = False,
+                    pending: Mapping[str, float] | None = None) -> RequestOptions:
     """`options` with strategy/draft_len concrete. With auto and a given draft_len, only the
     strategy is chosen (at that k; the schema's pin still wins)."""
-    if options.get("strategy") != AUTO:
+    if options.strategy != AUTO:
         return options
-    choice, _ = choose(session, settings, schema_id, job_id=job_id, draft_len=options.get("draft_len"),
-                       verbatim=verbatim)
-    return {**options, "strategy": choice.strategy, "draft_len": choice.draft_len}
+    choice, _ = choose(session, settings, schema_id, job_id=job_id, draft_len=options.draft_len,
+                       verbatim=verbatim, pending=pending)
+    return options.replace(strategy=choice.strategy, draft_len=choice.draft_len)
+
+
+def acceptance_curve(session: Session, settings: Settings, schema_id: uuid.UUID, strategy: str, n: int,
+                     verbatim: bool = False, job_id: uuid.UUID | None = None) -> list[float]:
+    """c_0..c_{n-1}, the conditional acceptance of `strategy` for jobs of `schema_id` in the
+    job's mode (verbatim or not), from the schema's statistics whether or not a pin chose the
+    strategy (the engine trims each step's draft by it): a Thompson draw seeded by
+    (stats_seed, job_id, "acceptance"), or the posterior mean with job_id None. With no data:
+    the prior at every position."""
+    from structspec.db.stats import StatsRepository
+
+    views = mode_views(StatsRepository(session).views(schema_id, settings.stats_half_life), verbatim)
+    rng = random.Random(f"{settings.stats_seed}:{job_id}:acceptance") if job_id is not None else None
+    return Selector(selector_config(settings)).acceptance(views, strategy, n, rng)
+
+
+class InFlight:
+    """Auto jobs whose strategy was chosen but whose stats are not recorded yet, per (schema,
+    mode): a batch's jobs are chosen before any of them finishes, and a new schema's probes
+    must still spread over the proposers (Selector.probe counts these as uses). Thread-safe;
+    one per process (worker) or per run (CLI)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[uuid.UUID, bool], Counter] = {}
+
+    def pending(self, schema_id: uuid.UUID, verbatim: bool) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts.get((schema_id, verbatim), {}))
+
+    def begin(self, schema_id: uuid.UUID, verbatim: bool, strategy: str) -> None:
+        with self._lock:
+            self._counts.setdefault((schema_id, verbatim), Counter())[strategy] += 1
+
+    def end(self, schema_id: uuid.UUID, verbatim: bool, strategy: str) -> None:
+        with self._lock:
+            counts = self._counts.get((schema_id, verbatim))
+            if counts is not None:
+                counts[strategy] -= 1
+                if counts[strategy] <= 0:
+                    del counts[strategy]
+                if not counts:
+                    del self._counts[(schema_id, verbatim)]

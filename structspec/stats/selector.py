@@ -3,9 +3,12 @@
 Model, per schema and proposer strategy s:
   c_i  = P(draft position i accepted | positions < i accepted), one Beta posterior per i,
          pooled over every draft length K > i measured for s (the first k tokens a proposer
-         drafts do not depend on K). Successes: passes with i accepted; trials: passes with
-         i-1 accepted (i = 0: all passes) -- a draft cut short counts as a rejection, which is
-         what tokens-per-pass needs.
+         drafts do not depend on K). Successes: passes with i accepted; trials: passes that
+         reached i, i.e. offered it (the step's k > i: the batched scheduler may offer an
+         `auto` job fewer than its K) with 0..i-1 accepted. A draft the grammar cut short
+         counts as a rejection, which is what tokens-per-pass needs; a position the scheduler
+         did not offer is no trial. Arms measured before reached was recorded were offered K
+         every pass: their trials are passes with i-1 accepted (i = 0: all passes).
          Each c_i's Beta prior is centred on the posterior mean of c_{i-1} (2 pseudo-passes), so
          positions no draft has reached yet inherit the acceptance measured just before them
          instead of a flat 1/2: otherwise a schema whose drafts are accepted 95% of the time at
@@ -21,13 +24,15 @@ Model, per schema and proposer strategy s:
          pseudo-passes that make the line grow with n.
 Pick argmax_{s,k} E / t with c_i sampled from its posterior (Thompson) or at its mean (the
 point estimate shown by the stats endpoint). `none` is the arm (none, 0): E = 1.
+The chosen strategy's posterior means c_0..c_{k-1} (`Selector.acceptance`) go to the engine,
+which picks each step's k by them when the batch is large.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from structspec.stats.aggregate import ArmView
 
@@ -106,10 +111,13 @@ def position_counts(arms: Iterable[ArmView], strategy: str, n: int) -> list[tupl
     for a in arms:
         if a.strategy != strategy:
             continue
-        acc = a.accepted_by_position
+        acc, reached = a.accepted_by_position, a.reached_by_position
         for i in range(min(n, a.draft_len)):
             s = acc[i] if i < len(acc) else 0.0
-            t = a.passes if i == 0 else (acc[i - 1] if i - 1 < len(acc) else 0.0)
+            if reached is not None:
+                t = reached[i] if i < len(reached) else 0.0
+            else:  # an arm measured before reached was: every pass offered the full K
+                t = a.passes if i == 0 else (acc[i - 1] if i - 1 < len(acc) else 0.0)
             succ[i] += min(s, t)
             trials[i] += t
     return list(zip(succ, trials))
@@ -145,18 +153,21 @@ class Selector:
         self.cfg = config or SelectorConfig()
 
     def choose(self, arms: Sequence[ArmView], rng: random.Random | None = None,
-               draft_len: int | None = None) -> Choice:
+               draft_len: int | None = None, pending: Mapping[str, float] | None = None) -> Choice:
         """Thompson sample (rng given) or posterior mean (rng None) of the best arm; with
-        `draft_len` given only the strategy is chosen, at that k (0: `none`)."""
+        `draft_len` given only the strategy is chosen, at that k (0: `none`). `pending`: jobs
+        per strategy chosen but not recorded yet (running beside this one in a batch), which
+        count as uses when probing, so a batch of a new schema probes every proposer."""
         if rng is not None:
-            probe = self.probe(arms, draft_len)
+            probe = self.probe(arms, draft_len, pending)
             if probe is not None:
                 return probe
         best = self.scores(arms, rng, draft_len)
         return max(best, key=lambda item: item[1])[0]
 
-    def probe(self, arms: Sequence[ArmView], draft_len: int | None = None) -> Choice | None:
-        """The least-used proposer, if it is under the exploration floor."""
+    def probe(self, arms: Sequence[ArmView], draft_len: int | None = None,
+              pending: Mapping[str, float] | None = None) -> Choice | None:
+        """The least-used proposer (recorded or pending), if it is under the exploration floor."""
         cfg = self.cfg
         if draft_len is None:  # a draft length the selector may choose, nearest the probe's
             k = min(cfg.draft_lens, key=lambda d: (abs(d - cfg.probe_draft_len), d))
@@ -168,6 +179,9 @@ class Selector:
         for a in arms:
             if a.strategy in used:
                 used[a.strategy] += a.requests
+        for strategy, n in (pending or {}).items():
+            if strategy in used:
+                used[strategy] += n
         strategy = min(used, key=lambda s: used[s])  # ties: configured order
         return Choice(strategy, k) if used[strategy] < cfg.explore_floor else None
 
@@ -186,15 +200,31 @@ class Selector:
         if not ks:
             return out
         n = max(ks)
-        strength = cfg.prior_alpha + cfg.prior_beta
         for s in cfg.strategies:
-            c, mean = [], cfg.prior_alpha / strength
-            for succ, trials in position_counts(arms, s, n):
-                alpha = mean * strength + succ
-                beta = (1 - mean) * strength + max(trials - succ, 0.0)
-                mean = alpha / (alpha + beta)  # the next position's prior centre
-                c.append(rng.betavariate(alpha, beta) if rng is not None else mean)
+            c = [rng.betavariate(alpha, beta) if rng is not None else mean
+                 for alpha, beta, mean in self._posteriors(arms, s, n)]
             q = drafted_shares(arms, s, n)
             for k in ks:
                 out.append((Choice(s, k), expected_tokens_per_pass(c, k) / cost(s, sum(q[:k]))))
+        return out
+
+    def acceptance(self, arms: Sequence[ArmView], strategy: str, n: int,
+                   rng: random.Random | None = None) -> list[float]:
+        """c_0..c_{n-1} of `strategy`: the curve the engine trims each step's draft by. At the
+        posterior means (what `scores` uses without an rng), or one Thompson draw with `rng`:
+        a job then sometimes drafts where the means say it does not pay, so positions the
+        engine would otherwise always trim keep being measured."""
+        return [rng.betavariate(a, b) if rng is not None else mean for a, b, mean in self._posteriors(arms, strategy, n)]
+
+    def _posteriors(self, arms: Sequence[ArmView], strategy: str, n: int) -> list[tuple[float, float, float]]:
+        """(alpha, beta, mean) of c_i's Beta posterior for i < n; each prior is centred on the
+        mean before it."""
+        cfg = self.cfg
+        strength = cfg.prior_alpha + cfg.prior_beta
+        out, mean = [], cfg.prior_alpha / strength
+        for succ, trials in position_counts(arms, strategy, n):
+            alpha = mean * strength + succ
+            beta = (1 - mean) * strength + max(trials - succ, 0.0)
+            mean = alpha / (alpha + beta)  # the next position's prior centre
+            out.append((alpha, beta, mean))
         return out

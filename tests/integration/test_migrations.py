@@ -3,6 +3,8 @@ the ORM models agree with what the migrations build."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -145,5 +147,87 @@ def test_tenants_migration_keeps_every_row_and_scopes_versions_by_tenant(empty_d
         migrate.downgrade(url, "0004")
         with engine.begin() as conn:
             assert tuple(conn.execute(sa.text(counts)).one()) == (1, 1, 1, 1, 1)
+    finally:
+        engine.dispose()
+
+
+def test_reached_migration_fills_history_exactly_and_downgrade_restores_it(empty_database_url):
+    """0006 fills `reached` with what the selector derived before it (position 0: the arm's
+    passes; position i: accepted at i-1; one extra row where passes reached past the last
+    stored position) and batch_size_sum with the request count; downgrade takes it all back."""
+    import uuid
+
+    from structspec.db.session import make_session_factory
+    from structspec.db.stats import StatsRepository
+
+    url = empty_database_url
+    migrate.upgrade(url, "0005")
+    engine = make_engine(url)
+    sid = "0" * 32 if url.startswith("sqlite") else "00000000-0000-0000-0000-000000000000"
+    arm = ("INSERT INTO schema_arm_stats (schema_id, strategy, draft_len, requests, output_tokens, target_passes, "
+           "proposed, accepted, decode_s, latency_s_sum, latency_buckets, d_requests, d_passes, d_decode_s, "
+           "seen_at, updated_at) VALUES (:sid, :s, :k, :r, 10, :passes, 8, 7, 0.5, 0.6, '[]', 1, :d, 0.5, 1, "
+           "CURRENT_TIMESTAMP)")
+    pos = ("INSERT INTO schema_position_stats (schema_id, strategy, draft_len, position, proposed, accepted, d_accepted) "
+           "VALUES (:sid, :s, :k, :p, :prop, :acc, :dacc)")
+    arms = [("ngram", 4, 3, 10, 7.5), ("schema", 2, 2, 6, 6.0), ("composite", 8, 1, 4, 3.25),
+            ("none", 0, 5, 9, 9.0), ("schema", 4, 1, 3, 2.5)]
+    positions = {("ngram", 4): [(10, 6, 4.5), (8, 3, 2.25), (5, 2, 1.5)],  # cut at 3 of 4: position 3 reached
+                 ("schema", 2): [(6, 5, 5.0), (5, 1, 0.75)],  # full k: nothing past it
+                 ("composite", 8): [(4, 0, 0.0)],  # nothing accepted: position 1 never reached
+                 ("schema", 4): []}  # drafts always empty: position 0 reached every pass
+    rows = ("SELECT strategy, draft_len, position, proposed, accepted, d_accepted, {extra} FROM schema_position_stats "
+            "ORDER BY strategy, draft_len, position")
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO schemas (id, name, version, body, hash, created_at, updated_at) "
+                                 "VALUES (:sid, 'n', 1, '{}', 'h', CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"), {"sid": sid})
+            for s, k, r, passes, d in arms:
+                conn.execute(sa.text(arm), {"sid": sid, "s": s, "k": k, "r": r, "passes": passes, "d": d})
+            for (s, k), ps in positions.items():
+                for p, (prop, acc, dacc) in enumerate(ps):
+                    conn.execute(sa.text(pos), {"sid": sid, "s": s, "k": k, "p": p, "prop": prop, "acc": acc,
+                                                "dacc": dacc})
+            before = [tuple(r) for r in conn.execute(sa.text(rows.format(extra="1")))]
+        engine.dispose()
+
+        migrate.upgrade(url, "0006")
+        with engine.begin() as conn:
+            got = [tuple(r) for r in conn.execute(sa.text(rows.format(extra="reached, d_reached")))]
+            assert got == [("composite", 8, 0, 4, 0, 0.0, 4, 3.25),
+                           ("ngram", 4, 0, 10, 6, 4.5, 10, 7.5), ("ngram", 4, 1, 8, 3, 2.25, 6, 4.5),
+                           ("ngram", 4, 2, 5, 2, 1.5, 3, 2.25), ("ngram", 4, 3, 0, 0, 0.0, 2, 1.5),
+                           ("schema", 2, 0, 6, 5, 5.0, 6, 6.0), ("schema", 2, 1, 5, 1, 0.75, 5, 5.0),
+                           ("schema", 4, 0, 0, 0, 0.0, 3, 2.5)]
+            sums = conn.execute(sa.text("SELECT strategy, draft_len, batch_size_sum FROM schema_arm_stats "
+                                        "ORDER BY strategy, draft_len")).all()
+            assert [tuple(r) for r in sums] == [("composite", 8, 1.0), ("ngram", 4, 3.0), ("none", 0, 5.0),
+                                                ("schema", 2, 2.0), ("schema", 4, 1.0)]
+            # a row written without the new columns (older code) gets their server default
+            conn.execute(sa.text(pos), {"sid": sid, "s": "ngram", "k": 4, "p": 4, "prop": 0, "acc": 0, "dacc": 0})
+            assert conn.execute(sa.text("SELECT reached, d_reached FROM schema_position_stats "
+                                        "WHERE position = 4")).one() == (0, 0.0)
+            conn.execute(sa.text("DELETE FROM schema_position_stats WHERE position = 4"))
+        engine.dispose()
+
+        # the selector reads the migrated history exactly as it derived it before 0006
+        from structspec.stats.selector import position_counts
+
+        factory = make_session_factory(engine)
+        with factory() as session:
+            views = StatsRepository(session).views(uuid.UUID(sid), half_life=0)
+        legacy = [dataclasses.replace(v, reached_by_position=None) for v in views]
+        for s in ("ngram", "schema", "composite"):
+            assert position_counts(views, s, 8) == position_counts(legacy, s, 8)
+        engine.dispose()
+
+        migrate.downgrade(url, "0005")
+        with engine.begin() as conn:
+            assert [tuple(r) for r in conn.execute(sa.text(rows.format(extra="1")))] == before
+            assert conn.execute(sa.text("SELECT count(*) FROM schema_arm_stats")).scalar_one() == 5
+        columns = {t: {c["name"] for c in sa.inspect(engine).get_columns(t)}
+                   for t in ("schema_arm_stats", "schema_position_stats")}
+        assert not {"reached", "d_reached"} & columns["schema_position_stats"]
+        assert "batch_size_sum" not in columns["schema_arm_stats"]
     finally:
         engine.dispose()

@@ -11,8 +11,9 @@ from structspec.config import Settings
 from structspec.db.models import DEFAULT_TENANT
 from structspec.db.repositories import SchemaRepository
 from structspec.db.stats import StatsRepository
+from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.stats import metrics
-from structspec.stats.resolve import AUTO, choose
+from structspec.stats.resolve import choose
 
 
 class StatsService:
@@ -41,28 +42,27 @@ class StatsService:
                                  tokens_per_pass=round(a.output_tokens / a.target_passes, 4) if a.target_passes else 0.0,
                                  tokens_per_second=round(a.output_tokens / a.decode_s, 2) if a.decode_s > 0 else 0.0,
                                  decode_s=round(a.decode_s, 4), accepted_by_position=a.accepted_by_position,
-                                 proposed_by_position=a.proposed_by_position) for a in arms])
+                                 proposed_by_position=a.proposed_by_position,
+                                 mean_batch_size=round(a.batch_size_sum / a.requests, 4) if a.requests else None)
+                        for a in arms])
 
     def set_pin(self, schema_id: str, data: StrategyPin) -> SchemaStats:
         """Pin (or with strategy "auto", unpin) the schema's strategy for `auto` jobs."""
         sid = parse_id(schema_id)
         if data.strategy != AUTO:
-            from structspec.engine.engine import ExtractOptions
-
-            draft_len = self.settings.draft_len if data.draft_len is None else data.draft_len
-            try:
-                ExtractOptions(strategy=data.strategy, draft_len=draft_len).check()
-            except ValueError as e:
-                name = "draft_len" if "draft_len" in str(e) else "strategy"
+            try:  # what an auto job of the schema will run: a concrete strategy and k
+                pin = RequestOptions(strategy=data.strategy, draft_len=data.draft_len).with_defaults(self.settings)
+                pin.check(concrete=True)
+            except OptionError as e:
                 raise UnprocessableError(f"invalid pin: {e}", [
-                    ErrorItem(path=f"/{name}", message=str(e), source="body")]) from None
+                    ErrorItem(path=f"/{e.option}", message=str(e), source="body")]) from None
         with self.session_factory.begin() as session:
             self._live(session, schema_id, sid)
             repo = StatsRepository(session)
             if data.strategy == AUTO:
                 repo.clear_pin(sid)
             else:
-                repo.set_pin(sid, data.strategy, draft_len)
+                repo.set_pin(sid, pin.strategy, pin.draft_len)
         return self.get(schema_id)
 
     def metrics(self) -> bytes:

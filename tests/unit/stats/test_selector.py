@@ -4,13 +4,15 @@ a traffic shift. Seeded: every run draws the same numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from collections import Counter
 
 import pytest
 
 from structspec.stats.aggregate import ArmAggregate, InMemoryStats, decay_factor
-from structspec.stats.selector import (Choice, PassCost, Selector, SelectorConfig, expected_tokens_per_pass,
-                                       position_counts)
+from structspec.stats.selector import (Choice, PassCost, Selector, SelectorConfig, drafted_shares,
+                                       expected_tokens_per_pass, position_counts)
 
 # conditional acceptance c_i per strategy; positions past the list are never accepted
 STRUCTURE_HEAVY = {"schema": [0.97, 0.95, 0.93, 0.9, 0.88, 0.85, 0.6, 0.4, 0.3, 0.2],
@@ -62,6 +64,63 @@ def simulate_job(profile: dict, choice: Choice, rng: random.Random) -> dict:
             "proposed": proposed, "accepted": accepted,
             "decode_s": passes * pass_s(choice.strategy, k) * rng.uniform(0.9, 1.1),
             "accepted_by_position": acc_pos, "proposed_by_position": prop_pos}
+
+
+# the grammar cuts a draft to one of these lengths, drawn per pass (an old engine's stats)
+CUTS = {"schema": (1, 2, 3, 5), "composite": (2, 4, 6), "ngram": (8,)}
+
+
+def simulate_cut_job(profile: dict, choice: Choice, rng: random.Random) -> dict:
+    """Stats as the engine before batching gave them (no reached_by_position, no batch_size):
+    every pass offered the full k, the grammar cut the draft to a length from CUTS, and the
+    position lists grow to the longest draft."""
+    c, k = profile.get(choice.strategy, []), choice.draft_len
+    tokens = passes = proposed = accepted = 0
+    acc_pos, prop_pos = [], []
+    while tokens < OUTPUT_TOKENS:
+        passes += 1
+        drafted = min(k, rng.choice(CUTS.get(choice.strategy, (0,))))
+        n = 0
+        while n < drafted and n < len(c) and rng.random() < c[n]:
+            n += 1
+        grow = drafted - len(prop_pos)
+        if grow > 0:
+            prop_pos += [0] * grow
+            acc_pos += [0] * grow
+        for i in range(drafted):
+            prop_pos[i] += 1
+            acc_pos[i] += i < n
+        proposed += drafted
+        accepted += n
+        tokens += n + 1
+    return {"strategy": choice.strategy, "draft_len": k, "output_tokens": tokens, "target_passes": passes,
+            "proposed": proposed, "accepted": accepted, "decode_s": passes * pass_s(choice.strategy, k),
+            "accepted_by_position": acc_pos, "proposed_by_position": prop_pos}
+
+
+def simulate_batched_job(profile: dict, choice: Choice, rng: random.Random, offers: tuple[int, ...]) -> dict:
+    """Stats as the batched engine gives them: each pass the scheduler offers k' = one of
+    `offers` (at most k) draft positions; reached_by_position counts the passes that offered
+    position i with 0..i-1 accepted (structspec/engine RequestStats.record_step)."""
+    c, k = profile.get(choice.strategy, []), choice.draft_len
+    tokens = passes = accepted = 0
+    acc_pos, prop_pos, reached = [0] * k, [0] * k, [0] * k
+    while tokens < OUTPUT_TOKENS:
+        passes += 1
+        offered = min(k, rng.choice(offers))
+        n = 0
+        while n < offered and n < len(c) and rng.random() < c[n]:
+            n += 1
+        for i in range(offered):
+            prop_pos[i] += 1
+            acc_pos[i] += i < n
+            reached[i] += i <= n
+        accepted += n
+        tokens += n + 1
+    return {"strategy": choice.strategy, "draft_len": k, "output_tokens": tokens, "target_passes": passes,
+            "proposed": sum(prop_pos), "accepted": accepted, "decode_s": passes * pass_s(choice.strategy, k),
+            "accepted_by_position": acc_pos, "proposed_by_position": prop_pos, "reached_by_position": reached,
+            "batch_size": float(len(offers))}
 
 
 class SimulatedSchema(InMemoryStats):
@@ -238,3 +297,134 @@ def test_pass_cost_follows_the_tokens_verified_not_the_k_asked_for():
     assert views[0].drafted_per_pass == pytest.approx(2.0) and views[1].drafted_per_pass == pytest.approx(4.0)
     cost = PassCost.fit(views, SelectorConfig(prior_passes=0.1))
     assert cost.b > 0.005  # ~10 ms per verified token: the slope is seen across the two arms
+
+
+def legacy_position_counts(arms, strategy: str, n: int) -> list[tuple[float, float]]:
+    """position_counts before reached_by_position: trials of position i were the passes with
+    i-1 accepted (all passes for i = 0), whatever was offered."""
+    succ, trials = [0.0] * n, [0.0] * n
+    for a in arms:
+        if a.strategy != strategy:
+            continue
+        acc = a.accepted_by_position
+        for i in range(min(n, a.draft_len)):
+            s = acc[i] if i < len(acc) else 0.0
+            t = a.passes if i == 0 else (acc[i - 1] if i - 1 < len(acc) else 0.0)
+            succ[i] += min(s, t)
+            trials[i] += t
+    return list(zip(succ, trials))
+
+
+def old_style_scenario() -> tuple[list[Choice], list[list[float]]]:
+    """Thompson picks on two schemas (their traffic swaps half way), a third of the jobs
+    grammar-cut, all with stats from before reached_by_position: the picks and each schema's
+    final posterior-mean scores."""
+    selector, rng = Selector(), random.Random(2024)
+    schemas = [InMemoryStats(50), InMemoryStats(50)]
+    picks = []
+    for i in range(240):
+        stats = schemas[i % 2]
+        profile = COPY_HEAVY if (i % 2 == 0) == (i < 120) else STRUCTURE_HEAVY
+        choice = selector.choose(stats.views(), rng)
+        sim = simulate_job if i % 3 else simulate_cut_job
+        stats.record(sim(profile, choice, rng))
+        picks.append(choice)
+    return picks, [[score for _, score in selector.scores(st.views())] for st in schemas]
+
+
+# old_style_scenario() as computed by the selector at f19e0c0, before reached_by_position
+BEFORE_REACHED_PICKS = {"composite:12": 1, "composite:4": 12, "composite:6": 72, "composite:8": 30, "ngram:12": 53,
+                        "ngram:16": 1, "ngram:6": 3, "ngram:8": 27, "schema:6": 5, "schema:8": 36}
+BEFORE_REACHED_SCORES = [
+    [42.66577087780327, 53.906006163507094, 56.61905796953111, 55.63091142609845, 54.104725611418424,
+     51.300091628940145, 49.003063937697945, 44.97404125691757, 41.55719726593465, 61.86384045231015,
+     70.38295565909536, 75.43430191069375, 78.6460137958837, 82.43505608817915, 83.20905575275167,
+     80.10908475717032, 71.01864123382185, 76.735539996617, 104.7046274436892, 123.4041399259246,
+     137.8575687479784, 150.03363346528178, 148.35898581597294, 127.73093191788583, 111.8230379194174],
+    [41.50195235230373, 61.7581055273561, 71.28518149414649, 75.70600398135316, 78.13572993962008,
+     80.11131433026462, 78.44601240883658, 71.87104555736613, 65.97303851312029, 56.219692416711254,
+     58.36569721153263, 56.69150478978811, 54.36286775069285, 50.00232335377694, 46.26730762767289,
+     40.25263132576086, 35.62183503000649, 65.65722221684018, 77.89452219456618, 82.45240966422786,
+     83.8393211359309, 82.39633205723656, 78.94125678971554, 71.91965764137049, 66.01967478170785]]
+
+
+def test_stats_from_before_reached_choose_and_score_exactly_as_before():
+    picks, scores = old_style_scenario()
+    assert dict(Counter(f"{c.strategy}:{c.draft_len}" for c in picks)) == BEFORE_REACHED_PICKS
+    assert scores == BEFORE_REACHED_SCORES  # exact: the same floats, not approximately
+
+
+def test_reached_derived_from_old_stats_gives_the_old_trials_at_every_step():
+    selector, rng = Selector(), random.Random(5)
+    stats = InMemoryStats(HALF_LIFE)
+    for i in range(120):
+        views = stats.views()
+        for s in ("schema", "ngram", "composite"):
+            assert position_counts(views, s, 16) == legacy_position_counts(views, s, 16)
+        choice = selector.choose(views, rng)
+        stats.record((simulate_cut_job if i % 2 else simulate_job)(STRUCTURE_HEAVY, choice, rng))
+
+
+def test_position_counts_take_trials_from_reached_and_cap_successes_by_them():
+    arm = ArmAggregate("ngram", 4)
+    # 10 passes: 6 offered all 4 positions, 4 offered only 1; acceptance as the lists say
+    arm.add({"output_tokens": 20, "target_passes": 10, "proposed": 28, "accepted": 12, "decode_s": 1.0,
+             "accepted_by_position": [7, 3, 2, 0], "proposed_by_position": [10, 6, 6, 6],
+             "reached_by_position": [10, 4, 3, 2]}, 0, 0)
+    view = arm.decayed(1, 0)
+    assert position_counts([view], "ngram", 5) == [(7, 10), (3, 4), (2, 3), (0, 2), (0, 0)]
+    # the same passes judged the old way: position 1's 3 unoffered passes count as rejections
+    assert legacy_position_counts([view], "ngram", 4)[1] == (3, 7)
+    capped = dataclasses.replace(view, reached_by_position=[10, 2, 3, 2])
+    assert position_counts([capped], "ngram", 2) == [(7, 10), (2, 2)]
+
+
+def test_scheduler_shortened_drafts_are_not_counted_as_rejections():
+    """Half the passes are offered 2 of k=8 positions: reached keeps c_2.. at the true 0.9;
+    the old derivation would see c_2 near 0.45."""
+    profile = {"ngram": [0.9] * 8}
+    stats, rng = InMemoryStats(0), random.Random(17)
+    for _ in range(200):
+        stats.record(simulate_batched_job(profile, Choice("ngram", 8), rng, offers=(2, 8)))
+    views = stats.views()
+    curve = Selector().acceptance(views, "ngram", 8)
+    assert curve == pytest.approx([0.9] * 8, abs=0.04)  # sigma ~0.01 at ~1000 trials
+    legacy = Selector().acceptance([dataclasses.replace(v, reached_by_position=None) for v in views], "ngram", 8)
+    assert legacy[2] < 0.6
+
+
+def test_acceptance_is_the_posterior_mean_curve_the_scores_use():
+    schema, rng = SimulatedSchema(COPY_HEAVY), random.Random(9)
+    run_many(schema, Selector(), rng, 80)
+    views, selector = schema.views(), Selector()
+    cost = PassCost.fit(views, selector.cfg)
+    scores = dict(selector.scores(views))
+    for s in ("schema", "ngram", "composite"):
+        c = selector.acceptance(views, s, 16)
+        assert len(c) == 16 and all(0 < x < 1 for x in c)
+        assert selector.acceptance(views, s, 4) == c[:4]
+        q = drafted_shares(views, s, 16)
+        for k in selector.cfg.draft_lens:
+            assert scores[Choice(s, k)] == expected_tokens_per_pass(c, k) / cost(s, sum(q[:k]))
+    assert Selector().acceptance([], "ngram", 3) == [0.5, 0.5, 0.5]  # the prior before any data
+
+
+def test_a_batch_of_a_new_schema_probes_every_proposer_while_none_is_recorded():
+    """Jobs chosen together (one engine batch) count as uses of their strategy while pending."""
+    import uuid
+
+    from structspec.stats.resolve import InFlight
+
+    sel, rng, sid = Selector(), random.Random(0), uuid.uuid4()
+    pending = InFlight()
+    picks = []
+    for _ in range(3):
+        choice = sel.choose([], rng, pending=pending.pending(sid, False))
+        pending.begin(sid, False, choice.strategy)
+        picks.append(choice.strategy)
+    assert picks == ["schema", "ngram", "composite"]
+    assert sel.choose([], rng).strategy == "schema"  # without the pending ones: the first probe again
+    for s in picks:
+        pending.end(sid, False, s)
+    assert pending.pending(sid, False) == {}
+    assert pending.pending(sid, True) == {}  # modes are kept apart
