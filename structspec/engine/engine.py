@@ -1,146 +1,361 @@
-"""One entry point for extraction: schema + document -> JSON guaranteed to match the schema."""
+"""The engine: schema + document -> JSON guaranteed to match the schema, many documents at once.
+
+    engine = Engine.from_settings(settings)
+    engine.submit(Request(schema, document, options))   # any number, any time
+    while engine.has_work():
+        for result in engine.step(): ...                 # finished requests of this step
+
+`run(requests)` and `extract(schema, document, options)` wrap that loop. One thread steps an
+engine (the worker's engine loop, the CLI); `cancel` may be called from the same thread.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import secrets
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
 
 from structspec.config import Settings
-from structspec.engine.decode import DecodeOptions, DecodeStats, Decoder
+from structspec.engine.cost import PassCostCurve, choose_draft_lens
+from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_prompt
-from structspec.engine.proposers import STRATEGIES, make_proposer
+from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
+from structspec.engine.runner import make_runner
+from structspec.engine.scheduler import RequestTooLarge, Scheduler
+from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
+from structspec.engine.step import commit, fill_bitmask, margins, pack, propose, verify
 from structspec.engine.tokens import token_text
-from structspec.grammar import GrammarCache, GrammarLimits, make_backend, validate_instance
+from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
 from structspec.grammar.verbatim import uses_verbatim
+from structspec.logs import preview
+from structspec.options import RequestOptions
 
+log = logging.getLogger(__name__)
 
+MiB = 1024 * 1024
+MAX_DRAFT = 64  # options.SPECS["draft_len"].maximum: bitmask rows per sequence are MAX_DRAFT + 1
 
-@dataclass
-class ExtractOptions:
-    strategy: str = "composite"  # none | schema | ngram | composite
-    draft_len: int = 8
-    temperature: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 1024
-    verbatim: bool = False  # plain string fields only copy spans of the document (grammar/verbatim.py)
-
-    def check(self) -> None:
-        """Raise ValueError naming the first bad option."""
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, not {self.strategy!r}")
-        if not 0 <= self.draft_len <= 64:
-            raise ValueError(f"draft_len must be between 0 and 64, not {self.draft_len}")
-        if not 0 <= self.temperature <= 10:
-            raise ValueError(f"temperature must be between 0 and 10, not {self.temperature}")
-        if not 1 <= self.max_tokens <= 65536:
-            raise ValueError(f"max_tokens must be between 1 and 65536, not {self.max_tokens}")
+__all__ = ["Engine", "EngineMetrics", "ExtractResult", "Request", "RequestStats", "RequestTooLarge"]
 
 
 @dataclass
-class ExtractStats:
-    strategy: str
-    draft_len: int
-    prompt_tokens: int
-    output_tokens: int
-    target_passes: int
-    proposed: int
-    accepted: int
-    acceptance_rate: float
-    tokens_per_pass: float
-    prefill_s: float
-    decode_s: float
-    wall_s: float
-    stop_reason: str
-    verbatim: bool = False  # some string of the grammar was limited to document spans
-    accepted_by_position: list[int] = field(default_factory=list)
-    proposed_by_position: list[int] = field(default_factory=list)
+class EngineMetrics:
+    """Totals over the engine's life (benchmarks and the overhead profile read them)."""
 
-    @classmethod
-    def build(cls, opts: ExtractOptions, prompt_tokens: int, s: DecodeStats, stop: str,
-              wall_s: float, verbatim: bool = False) -> "ExtractStats":
-        return cls(strategy=opts.strategy, draft_len=opts.draft_len, prompt_tokens=prompt_tokens,
-                   output_tokens=s.output_tokens, target_passes=s.target_passes, proposed=s.proposed,
-                   accepted=s.accepted, acceptance_rate=round(s.acceptance_rate, 4),
-                   tokens_per_pass=round(s.tokens_per_pass, 4), prefill_s=round(s.prefill_s, 4),
-                   decode_s=round(s.decode_s, 4), wall_s=round(wall_s, 4), stop_reason=stop, verbatim=verbatim,
-                   accepted_by_position=s.accepted_by_position,
-                   proposed_by_position=s.proposed_by_position)
+    steps: int = 0
+    decode_steps: int = 0  # steps with at least one decoding sequence
+    rows: int = 0  # rows of every forward pass
+    prefill_rows: int = 0
+    step_s: float = 0.0  # whole steps: scheduling, proposing, masks, forward, verification, commit
+    forward_s: float = 0.0  # the target model's forward passes
+    verify_s: float = 0.0
+    prefill_step_s: float = 0.0  # steps that computed prefill rows
 
     def as_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
-class ExtractResult:
-    status: str  # "succeeded" | "truncated" | "invalid"
-    value: Any  # the parsed JSON when status is succeeded
-    text: str  # the raw generated text
-    tokens: list[int]
-    stats: ExtractStats
-    error: str | None = None
+        return dataclasses.asdict(self)
 
 
 class Engine:
-    """A loaded model plus grammar machinery. Build once per process; reuse per request."""
+    """A loaded model, its grammar machinery and the batch scheduler. Build once per process."""
 
-    def __init__(self, loaded: LoadedModel, grammar_backend: str = "llguidance",
-                 kernel_backend: str = "auto", grammar_limits: GrammarLimits | None = None):
+    def __init__(self, loaded: LoadedModel, settings: Settings | None = None, **overrides):
+        settings = dataclasses.replace(settings or Settings(), **overrides) if overrides else (settings or Settings())
+        self.settings = settings
         self.loaded = loaded
-        self.kernel_backend = kernel_backend
-        self.grammars = GrammarCache(make_backend(grammar_backend, loaded.tokenizer, loaded.vocab_size,
-                                                  grammar_limits))
+        self.kernel_backend = settings.kernel_backend
+        self.grammars = GrammarCache(make_backend(settings.grammar_backend, loaded.tokenizer, loaded.vocab_size,
+                                                  GrammarLimits.from_settings(settings)))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
-        self.decoder = Decoder(loaded.model, loaded.vocab_size, loaded.eos_token_ids, self.token_text,
-                               loaded.context_len)
+        self.runner = make_runner(loaded.model)
+        self.kv = KVCache(self.runner.layout, settings.engine_kv_budget_mb * MiB, self.runner.make_slot,
+                          prefix_max_bytes=settings.engine_prefix_cache_mb * MiB if self.runner.batched else 0)
+        self.scheduler = Scheduler(self.kv, max(1, settings.engine_max_seqs), max(1, settings.engine_prefill_chunk),
+                                   loaded.context_len,
+                                   prefix_reuse=self.runner.batched and settings.engine_prefix_cache_mb > 0)
+        self.cost = PassCostCurve(prior_fixed_s=settings.stats_prior_pass_ms / 1000.0,
+                                  prior_row_s=settings.stats_prior_pass_ms / 1000.0 * 0.2)
+        self.metrics = EngineMetrics()
+        self.device = loaded.device
+        words = (loaded.vocab_size + 31) // 32
+        rows = self.scheduler.max_seqs * (MAX_DRAFT + 1)
+        # Masks are filled on the host; pinned, the copy to the GPU is one asynchronous transfer per step.
+        self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self._schema_prompts: OrderedDict[str, list[int]] = OrderedDict()
+        self._done: dict[str, ExtractResult] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Engine":
         loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype,
                             cache_dir=settings.cache_dir)
-        return cls(loaded, settings.grammar_backend, settings.kernel_backend,
-                   GrammarLimits.from_settings(settings))
+        return cls(loaded, settings)
 
-    def compile(self, schema: dict):
-        """Check and compile `schema` (cached); raises SchemaError naming keyword and path."""
-        return self.grammars.get(schema)
+    @property
+    def batched(self) -> bool:
+        return self.runner.batched
 
-    def extract(self, schema: dict, document: str, opts: ExtractOptions | None = None,
-                proposer=None) -> ExtractResult:
-        """Generate JSON for `document` under `schema`.
+    # --- requests ------------------------------------------------------------------------------
 
-        `proposer` overrides the strategy's proposer (tests inject adversarial ones).
-        Raises SchemaError for an unusable schema and DocumentTooLong when the prompt does
-        not fit the context; every other outcome is an ExtractResult.
-        """
-        opts = opts or ExtractOptions()
-        opts.check()
-        t0 = time.perf_counter()
+    def default_options(self) -> RequestOptions:
+        """The fixed strategy of Settings with its defaults (what `extract` runs without options)."""
+        return RequestOptions(strategy=self.settings.strategy).with_defaults(self.settings)
+
+    def submit(self, request: Request) -> str:
+        """Queue a request; returns its id. Raises OptionError, SchemaError, DocumentTooLong or
+        RequestTooLarge for a request that cannot run (nothing is queued then)."""
+        opts = request.options = request.options.with_defaults(self.settings).check(concrete=True)
+        schema, document = request.schema, request.document
         grammar = self.grammars.get_for(schema, document, opts.verbatim)
         prompt = build_prompt(self.loaded.tokenizer, schema, document, self.loaded.context_len)
-        proposer = proposer or make_proposer(opts.strategy)
         verbatim = uses_verbatim(schema, opts.verbatim)
-        out = self.decoder.run(prompt, grammar.matcher(), proposer, document,
-                               DecodeOptions(draft_len=opts.draft_len, temperature=opts.temperature,
-                                             seed=opts.seed, max_tokens=opts.max_tokens,
-                                             kernel_backend=self.kernel_backend, verbatim=verbatim))
-        text = self.token_text.text_of(out.tokens)
-        stats = ExtractStats.build(opts, len(prompt), out.stats, out.stop_reason, time.perf_counter() - t0,
-                                   verbatim=verbatim)
-        if not out.finished:
-            why = ("max_tokens reached" if out.stop_reason == "max_tokens"
-                   else "the model's context is full")
-            return ExtractResult("truncated", None, text, out.tokens, stats,
-                                 f"output truncated after {len(out.tokens)} tokens: {why}")
+        matcher = grammar.matcher()
+        generator = None
+        if opts.temperature > 0:
+            generator = torch.Generator(device=self.device)
+            # No seed: draw one from the OS (torch.seed() would reseed the global RNG).
+            generator.manual_seed(opts.seed if opts.seed is not None else secrets.randbits(63))
+        ctx = DraftContext(matcher=matcher, output_text="", document=DocumentIndex(document),
+                           tokens=self.token_text, verbatim=verbatim)
+        # A request that reuses its prompt (benchmarks: one document under many strategies) keeps
+        # its whole prompt in the prefix cache; the others share instruction + schema.
+        prefix_len = len(prompt) - 1 if request.reuse_prompt else self._shared_prefix_len(schema, prompt)
+        seq = Sequence(request, prompt, prefix_len, matcher,
+                       request.proposer or make_proposer(opts.strategy), ctx, generator, verbatim)
+        self.scheduler.add(seq)
+        return request.id
+
+    def _shared_prefix_len(self, schema: dict, prompt: list[int]) -> int:
+        """Leading prompt tokens that every document of `schema` shares (instruction + schema):
+        the common prefix with the prompt of an empty document."""
+        key = schema_hash(schema)
+        base = self._schema_prompts.get(key)
+        if base is None:
+            base = build_prompt(self.loaded.tokenizer, schema, "", self.loaded.context_len)
+            self._schema_prompts[key] = base
+            while len(self._schema_prompts) > 256:
+                self._schema_prompts.popitem(last=False)
+        self._schema_prompts.move_to_end(key)
+        n = 0
+        for a, b in zip(prompt, base):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(prompt) - 1)
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop a request at the next step boundary (its result: status "cancelled")."""
+        seq = self.scheduler.find(request_id)
+        if seq is None:
+            return False
+        seq.cancelled = True
+        return True
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every cached prefix (benchmarks that time each system's own prefill)."""
+        self.kv.prefix.evict(self.kv.prefix.nbytes)
+
+    def abort_all(self) -> None:
+        """Drop every request without a result (after a crash of the engine itself)."""
+        for seq in [*self.scheduler.running, *self.scheduler.waiting]:
+            self.scheduler.retire(seq)
+
+    def has_work(self) -> bool:
+        return len(self.scheduler) > 0
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    def run(self, requests: list[Request]) -> list[ExtractResult]:
+        """Run `requests` together; results in the same order. A request refused at submission
+        gets status "failed" with the reason."""
+        results: dict[str, ExtractResult] = {}
+        for r in requests:
+            try:
+                self.submit(r)
+            except ValueError as e:  # OptionError, SchemaError, DocumentTooLong, RequestTooLarge
+                results[r.id] = refused(r, e)
+        while self.has_work():
+            for res in self.step():
+                results[res.request_id] = res
+        return [results[r.id] for r in requests]
+
+    def extract(self, schema: dict, document: str, options: RequestOptions | None = None,
+                **request_fields) -> ExtractResult:
+        """One document (raises what `submit` raises); `request_fields`: more Request fields
+        (proposer, acceptance, trace, reuse_prompt)."""
+        request = Request(schema, document, options or self.default_options(), **request_fields)
+        self.submit(request)
+        while True:
+            for res in self.step():
+                if res.request_id == request.id:
+                    return res
+
+    # --- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[ExtractResult]:
+        """Admit, then one forward pass over every running sequence; the requests that finished."""
+        sched = self.scheduler
+        done = [self._finish(s, "cancelled") for s in [*sched.running, *sched.waiting] if s.cancelled]
+        now = time.perf_counter()
+        for seq in sched.admit():
+            seq.stats.queued_s = now - seq.submitted_at
+        prefill = sched.prefill_work()
+        decoding = sched.decoding()
+        if not prefill and not decoding:
+            return done + [self._finish(s, None) for s in list(sched.running) if s.stop_reason]
+        t0 = time.perf_counter()
+        prefill_rows = sum(n for _, n in prefill)
+        decoding = self._draft(decoding, len(decoding) + prefill_rows, done)
+        decoding = self._mask(decoding, done)
+        packed = pack(prefill, decoding, self.device)
+        bitmask = self.bitmask[:packed.rows].to(self.device, non_blocking=True)
+        t1 = time.perf_counter()
+        try:
+            logits = self.runner.forward(packed.inputs)
+            t2 = time.perf_counter()
+            emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend) if decoding else []
+        except Exception as e:  # the whole step failed: fail its sequences, keep the engine
+            log.exception("engine step failed (%d sequences)", len(decoding) + len(prefill))
+            for seq in [*decoding, *(s for s, _ in prefill)]:
+                done.append(self._fail(seq, e))
+            return done
+        t3 = time.perf_counter()
+        for seq, n in prefill:
+            sched.prefilled(seq, n)
+        for b, seq in enumerate(decoding):
+            gaps = margins(logits, bitmask, packed.cu_list[b] + b, len(emitted[b])) if seq.margins is not None else None
+            before = len(seq.out)
+            try:
+                commit(seq, emitted[b], self.loaded.eos_token_ids, self.token_text.bytes_of, len(decoding))
+            except Exception as e:
+                done.append(self._fail(seq, e))
+                continue
+            if gaps is not None:
+                seq.margins += gaps[:len(seq.out) - before]
+        step_s = time.perf_counter() - t0
+        self._account(packed, prefill, decoding, step_s, t2 - t1, t3 - t2)
+        done += [self._finish(s, None) for s in list(sched.running) if s.stop_reason]
+        return done
+
+    def _draft(self, decoding: list[Sequence], base_rows: int, done: list[ExtractResult]) -> list[Sequence]:
+        """Every decoding sequence proposes up to its cap; the drafts of adaptive (`auto`)
+        sequences are then trimmed to what pays in this batch (cost.py), so the plan is costed by
+        the rows that really exist. A sequence whose proposer fails leaves the step (and the
+        engine) with an error result; the others go on."""
+        kept = []
+        for seq in decoding:
+            seq.k = seq.max_draft()
+            try:
+                propose(seq)
+            except Exception as e:
+                done.append(self._fail(seq, e))
+                continue
+            kept.append(seq)
+        adaptive = [s for s in kept if s.request.acceptance is not None and s.draft]
+        if adaptive:
+            ks = choose_draft_lens([len(s.draft) for s in adaptive], [s.request.acceptance for s in adaptive],
+                                   base_rows + sum(len(s.draft) for s in kept if s not in adaptive), self.cost,
+                                   base_tokens=len(kept))
+            for seq, k in zip(adaptive, ks):
+                if k < len(seq.draft):  # trimmed here: positions k.. were not offered to verification
+                    seq.draft, seq.k = seq.draft[:k], k
+        return kept
+
+    def _mask(self, decoding: list[Sequence], done: list[ExtractResult]) -> list[Sequence]:
+        """Bitmask rows of every draft, packed in one buffer (a grammar failure: as in _draft)."""
+        kept, row = [], 0
+        for seq in decoding:
+            try:
+                fill_bitmask(seq, self.bitmask, row)
+            except Exception as e:
+                done.append(self._fail(seq, e))
+                continue
+            kept.append(seq)
+            row += len(seq.draft) + 1
+        return kept
+
+    def _account(self, packed, prefill, decoding, step_s: float, forward_s: float, verify_s: float) -> None:
+        """Each request's prefill_s/decode_s: its share of the steps it took part in. In a step
+        that also prefills, the decode rows are charged what the cost curve says a pass of
+        them alone costs (at most the step), the prefill chunks the rest; within each part,
+        by rows."""
+        rows = packed.rows + packed.prefill_rows
+        decode_part = 0.0
+        if decoding:
+            decode_part = step_s if not prefill else min(step_s, self.cost(packed.rows, len(decoding)))
+        for seq, n in prefill:
+            seq.stats.prefill_s += (step_s - decode_part) * n / packed.prefill_rows
+        for seq in decoding:
+            seq.stats.decode_s += decode_part * (len(seq.draft) + 1) / packed.rows
+        m = self.metrics
+        m.steps += 1
+        m.rows += rows
+        m.prefill_rows += packed.prefill_rows
+        m.step_s += step_s
+        m.forward_s += forward_s
+        m.verify_s += verify_s
+        if prefill:
+            m.prefill_step_s += step_s
+        if decoding:
+            m.decode_steps += 1
+            if not prefill:
+                self.cost.observe(packed.rows, step_s, len(decoding))
+
+    # --- results -------------------------------------------------------------------------------
+
+    def _fail(self, seq: Sequence, error: Exception) -> ExtractResult:
+        # The message may quote the document: a preview of it, and the stack without it.
+        log.error("request %s failed: %s: %s", seq.id, type(error).__name__, preview(error),
+                  extra={"stack": "".join(traceback.format_tb(error.__traceback__))[-1900:]})
+        self.scheduler.retire(seq)
+        seq.stats.finish("error", time.perf_counter() - seq.submitted_at)
+        return ExtractResult("error", None, self.token_text.text_of(seq.out), list(seq.out), seq.stats,
+                             f"internal error: {type(error).__name__}: {error}"[:2000], seq.id, seq.margins)
+
+    def _finish(self, seq: Sequence, reason: str | None) -> ExtractResult:
+        """Retire `seq` (reason overrides its stop reason, e.g. "cancelled") and build its result."""
+        self.scheduler.retire(seq)
+        stop = reason or seq.stop_reason
+        seq.stats.output_tokens = len(seq.out)
+        seq.stats.finish(stop, time.perf_counter() - seq.submitted_at)
+        text = self.token_text.text_of(seq.out)
+        base = dict(text=text, tokens=list(seq.out), stats=seq.stats, request_id=seq.id, margins=seq.margins)
+        if stop == "cancelled":
+            return ExtractResult("cancelled", None, error="cancelled", **base)
+        if stop not in ("grammar", "eos"):
+            why = "max_tokens reached" if stop == "max_tokens" else "the model's context is full"
+            return ExtractResult("truncated", None, error=f"output truncated after {len(seq.out)} tokens: {why}",
+                                 **base)
+        schema = seq.request.schema
         try:
             value = json.loads(text)
         except json.JSONDecodeError as e:  # a grammar backend bug; never a silent success
-            return ExtractResult("invalid", None, text, out.tokens, stats, f"output is not JSON: {e}")
+            return ExtractResult("invalid", None, error=f"output is not JSON: {e}", **base)
         problems = validate_instance(schema, value)
         if problems:
             detail = "; ".join(f"{p.path or '/'} [{p.keyword}]: {p.message}" for p in problems[:5])
-            return ExtractResult("invalid", None, text, out.tokens, stats,
-                                 f"output violates the schema: {detail}")
-        return ExtractResult("succeeded", value, text, out.tokens, stats)
+            return ExtractResult("invalid", None, error=f"output violates the schema: {detail}", **base)
+        return ExtractResult("succeeded", value, **base)
+
+
+def refused(request: Request, error: Exception) -> ExtractResult:
+    """The result of a request that could not be submitted."""
+    opts = request.options
+    stats = RequestStats(strategy=opts.strategy, draft_len=opts.draft_len or 0)
+    stats.finish("refused", 0.0)
+    return ExtractResult("failed", None, "", [], stats, str(error), request.id)
+
+
+__all__ += ["Phase", "refused"]

@@ -6,6 +6,7 @@ from structspec.engine.proposers.base import DocumentIndex, DraftContext, Propos
 from structspec.engine.proposers.composite import CompositeProposer
 from structspec.engine.proposers.ngram import NgramProposer
 from structspec.engine.proposers.schema import SchemaProposer
+from structspec.options import STRATEGIES
 
 
 class NoProposer:
@@ -17,7 +18,7 @@ class NoProposer:
 
 PROPOSERS = {"none": NoProposer, "schema": SchemaProposer, "ngram": NgramProposer,
              "composite": CompositeProposer}
-STRATEGIES: tuple[str, ...] = tuple(PROPOSERS)
+assert tuple(PROPOSERS) == STRATEGIES, "structspec/options.py names the strategies this package implements"
 
 
 def make_proposer(strategy: str) -> Proposer:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from structspec.engine.engine import STRATEGIES, ExtractOptions
+from structspec.options import STRATEGIES, RequestOptions
 from structspec.grammar import GrammarCache, SchemaError, check_schema, make_backend
 from structspec.grammar.verbatim import KEY, uses_verbatim
 from tests.conftest import deepjsoneval_rows
@@ -107,7 +107,7 @@ def test_outlines_backend_refuses_verbatim_clearly(tokenizer):
 
 
 def run(engine, row, strategy, verbatim=True, max_tokens=48):
-    return engine.extract(row["schema"], row["text"], ExtractOptions(strategy=strategy, max_tokens=max_tokens,
+    return engine.extract(row["schema"], row["text"], RequestOptions(strategy=strategy, max_tokens=max_tokens,
                                                                      verbatim=verbatim))
 
 

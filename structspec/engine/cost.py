@@ -1,0 +1,137 @@
+"""Batch-aware draft lengths: a measured pass-cost curve and the per-step choice of k.
+
+A forward pass costs by the rows it verifies, not by any one sequence's k: on a CPU the
+weights are read once per pass (the fixed part) and every row adds compute. So a draft
+token that pays at batch 1 may not pay at batch 32. Each step every adaptive (`auto`)
+sequence first proposes up to its draft_len; the engine then keeps k_b tokens of each draft
+so as to maximise the batch's expected output tokens per second over the rows that exist:
+
+    (sum_b E_b(k_b)) / cost(base_rows + sum_b k_b),   E_b(k) = 1 + sum_{i<k} prod_{j<=i} c_b[j]
+
+c_b is the sequence's per-position conditional acceptance (its schema's statistics for its
+strategy; a position the proposer left empty counted as a rejection there, so the estimate is
+cautious for proposers that often draft nothing). The marginal gain of a sequence's (i+1)-th
+draft token, prod_{j<=i} c_b[j], never grows with i, so the best plan with m draft tokens in
+all takes the m largest gains across the batch; the step tries every m, so a cost curve that
+is not linear (on this CPU a 2-row pass costs about as much as a 9-row one) is followed as
+measured. With one sequence this is the per-schema choice (argmax_k E(k) / cost(1 + k)).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+
+def _bucket(n: int) -> int:
+    """n up to 8 exactly; beyond, a geometric grid (~19% apart) so few buckets cover many."""
+    if n <= 8:
+        return max(n, 1)
+    return int(round(8 * 1.1892 ** round(math.log(n / 8, 1.1892))))
+
+
+@dataclass
+class PassCostCurve:
+    """Seconds per forward pass against the rows in it, for a given number of sequences in it,
+    learnt from the passes the engine runs (exponential moving average per (sequences, rows)
+    bucket). A pass costs by its rows *and* by its sequences: on a CPU each sequence adds
+    attention over its whole context (16 sequences x 1 row cost about 1.8x one sequence's
+    16-row draft at 1.3k tokens of context), so the curve for the batch at hand is used. Within
+    it cost is read as non-decreasing in rows (measurements are noisy; a pass with more rows
+    is never cheaper), linear between buckets, extended by the prior's slope past the last.
+    Only decode passes are recorded: prefill chunks cost differently per row."""
+
+    prior_fixed_s: float = 0.05
+    prior_row_s: float = 0.01
+    alpha: float = 0.2  # weight of a new observation
+    _points: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    bucket = staticmethod(_bucket)
+
+    def observe(self, rows: int, seconds: float, seqs: int = 1) -> None:
+        key = (_bucket(seqs), _bucket(rows))
+        old = self._points.get(key)
+        self._points[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def __call__(self, rows: float, seqs: int = 1) -> float:
+        curve = self._curve(_bucket(seqs))
+        if not curve:
+            return self.prior_fixed_s + self.prior_row_s * rows
+        xs = [x for x, _ in curve]
+        ys = [y for _, y in curve]
+        if rows <= xs[0]:
+            return ys[0]
+        if rows >= xs[-1]:
+            return ys[-1] + self.prior_row_s * (rows - xs[-1])
+        i = bisect.bisect_right(xs, rows)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+
+    def _curve(self, seqs: int) -> list[tuple[int, float]]:
+        """(rows, seconds) measured with the nearest measured number of sequences, made
+        non-decreasing in rows (running maximum)."""
+        counts = {b for b, _ in self._points}
+        if not counts:
+            return []
+        near = min(counts, key=lambda b: (abs(math.log(b / seqs)), b))
+        out, top = [], 0.0
+        for rows in sorted(r for b, r in self._points if b == near):
+            top = max(top, self._points[(near, rows)])
+            out.append((rows, top))
+        return out
+
+    def snapshot(self, seqs: int | None = None) -> dict:
+        """The raw measurements: {sequences bucket: {rows bucket: seconds}}, or with `seqs`
+        {rows bucket: seconds} of the measured sequence count nearest it."""
+        nested: dict[int, dict[int, float]] = {}
+        for (b, r), v in sorted(self._points.items()):
+            nested.setdefault(b, {})[r] = v
+        if seqs is None:
+            return nested
+        if not nested:
+            return {}
+        return nested[min(nested, key=lambda b: (abs(math.log(b / seqs)), b))]
+
+
+def expected_tokens(acceptance: Sequence[float], k: int) -> float:
+    """E(k) = 1 + sum_{i<k} prod_{j<=i} c[j]; positions past the curve repeat its last value."""
+    total, run = 1.0, 1.0
+    for i in range(k):
+        run *= acceptance[min(i, len(acceptance) - 1)] if acceptance else 0.0
+        total += run
+    return total
+
+
+def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] | None], base_rows: int,
+                      cost: PassCostCurve, base_tokens: float | None = None) -> list[int]:
+    """k per sequence. caps[b]: the most it may verify this step (the engine passes the length
+    of the draft its proposer actually made); acceptance[b]: its curve, or None for a fixed-k
+    sequence (gets caps[b]). base_rows: rows the pass has anyway (one per decoding sequence,
+    the drafts of fixed sequences, prefill rows); base_tokens: tokens it emits anyway (one per
+    decoding sequence; default len(caps))."""
+    ks = [cap if acc is None else 0 for cap, acc in zip(caps, acceptance)]
+    rows = base_rows + sum(ks)
+    gains: list[tuple[float, int]] = []  # (marginal expected tokens, sequence)
+    for b, (cap, acc) in enumerate(zip(caps, acceptance)):
+        if acc is None:
+            continue
+        run = 1.0
+        for i in range(cap):
+            run *= acc[min(i, len(acc) - 1)] if acc else 0.0
+            if run <= 0:
+                break
+            gains.append((run, b))
+    gains.sort(key=lambda g: -g[0])
+    expected = float(len(caps) if base_tokens is None else base_tokens)  # one token per decoding sequence
+    seqs = int(base_tokens if base_tokens is not None else len(caps))
+    best_m, best_rate, total = 0, expected / cost(rows, seqs), expected
+    for m, (gain, _) in enumerate(gains, start=1):
+        total += gain
+        rate = total / cost(rows + m, seqs)
+        if rate > best_rate * (1 + 1e-9):
+            best_m, best_rate = m, rate
+    for _, b in gains[:best_m]:
+        ks[b] += 1
+    return ks

@@ -1,0 +1,263 @@
+"""KV storage for the batched engine: one contiguous slot per running sequence.
+
+Design. transformers' continuous batching and vLLM both page the cache: a flat pool of
+fixed-size blocks and a block table per request. That shares blocks between requests
+(prefix caching by reference) and never fragments, but attention then needs either a
+paged-attention kernel (vLLM, flash varlen) or, on the CPU/SDPA path, a gather of every
+request's blocks into one contiguous tensor per layer and step (transformers' index-based
+update): a copy of the whole live cache on every forward pass.
+
+structspec verifies a few rows per sequence per step against contexts of ~1k tokens, so that
+copy would double the memory traffic of attention, which on a CPU already is about half of a
+batched decode step. Here each running sequence owns one slot: per layer a [kv_heads,
+capacity, head_dim] buffer reserved at admission for its worst case (prompt + max_tokens,
+capped by the model's context). Appending writes in place, attention reads a view (no
+copy), and rolling back rejected draft tokens is one integer decrement: O(1), never a copy.
+The price is reservation by the worst case; the budget counts reserved bytes (on a CPU
+untouched pages of a reservation are never resident), so admission waits instead of running
+out of memory. Shared prompt prefixes are reused by copying their KV into a new slot
+(PrefixCache), a few milliseconds against the seconds their prefill takes.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+ATTENTION_NAME = "structspec_ragged"
+
+
+@dataclass(frozen=True)
+class LayerShape:
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.kv_heads * (self.key_dim + self.value_dim) * torch.finfo(self.dtype).bits // 8
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Per-layer KV shapes, read off the model by a probe forward pass (runner.py)."""
+
+    layers: tuple[LayerShape, ...]
+
+    @property
+    def bytes_per_token(self) -> int:
+        return sum(s.bytes_per_token for s in self.layers)
+
+
+class Slot:
+    """One sequence's KV: `length` tokens stored, room for `capacity`."""
+
+    def __init__(self, layout: KVLayout, capacity: int, device: torch.device):
+        self.capacity = capacity
+        self.length = 0
+        self.nbytes = capacity * layout.bytes_per_token
+        # torch.empty: on a CPU the pages of a reservation become resident only when written.
+        self.keys = [torch.empty(s.kv_heads, capacity, s.key_dim, dtype=s.dtype, device=device)
+                     for s in layout.layers]
+        self.values = [torch.empty(s.kv_heads, capacity, s.value_dim, dtype=s.dtype, device=device)
+                       for s in layout.layers]
+
+    def rollback(self, num_tokens: int) -> None:
+        """Forget the last `num_tokens` tokens (their KV is overwritten by the next write)."""
+        if not 0 <= num_tokens <= self.length:
+            raise ValueError(f"cannot roll back {num_tokens} of {self.length} cached tokens")
+        self.length -= num_tokens
+
+    def copy_prefix_from(self, entry: "PrefixEntry") -> None:
+        for dst, src in zip(self.keys, entry.keys):
+            dst[:, :entry.length].copy_(src)
+        for dst, src in zip(self.values, entry.values):
+            dst[:, :entry.length].copy_(src)
+        self.length = entry.length
+
+
+@dataclass
+class PrefixEntry:
+    length: int
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    nbytes: int
+
+
+class PrefixCache:
+    """KV of shared prompt prefixes (instruction + schema), least recently used first out."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._entries: OrderedDict[tuple[int, ...], PrefixEntry] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.reused_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: tuple[int, ...]) -> PrefixEntry | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: tuple[int, ...], slot: Slot, layout: KVLayout, limit: int) -> bool:
+        """Keep a copy of `slot`'s first len(key) tokens, evicting older entries so that the
+        cache stays within `limit` bytes (and max_bytes); False when it cannot fit."""
+        length = len(key)
+        nbytes = length * layout.bytes_per_token
+        limit = min(limit, self.max_bytes)
+        if key in self._entries or nbytes > limit:
+            return False
+        self.evict(self.nbytes + nbytes - limit)
+        self._entries[key] = PrefixEntry(length, [k[:, :length].clone() for k in slot.keys],
+                                         [v[:, :length].clone() for v in slot.values], nbytes)
+        self.nbytes += nbytes
+        return True
+
+    def evict(self, nbytes: int) -> int:
+        """Drop least recently used entries until `nbytes` are freed (or none is left)."""
+        freed = 0
+        while freed < nbytes and self._entries:
+            _, entry = self._entries.popitem(last=False)
+            freed += entry.nbytes
+            self.nbytes -= entry.nbytes
+        return freed
+
+
+class KVCache:
+    """Slots and prefix entries under one byte budget."""
+
+    def __init__(self, layout: KVLayout, budget_bytes: int, make_slot, prefix_max_bytes: int):
+        self.layout = layout
+        self.budget_bytes = budget_bytes
+        self.make_slot = make_slot  # capacity -> a slot (Slot, or the sequential runner's CacheSlot)
+        self.reserved_bytes = 0
+        self.prefix = PrefixCache(min(prefix_max_bytes, budget_bytes))
+        self.peak_bytes = 0
+
+    def bytes_for(self, capacity: int) -> int:
+        return capacity * self.layout.bytes_per_token
+
+    def fits_ever(self, capacity: int) -> bool:
+        return self.bytes_for(capacity) <= self.budget_bytes
+
+    def allocate(self, capacity: int) -> Slot | None:
+        """A slot for `capacity` tokens, evicting prefix entries if that makes room; None if
+        the budget is full of running sequences (the caller waits for one to finish)."""
+        need = self.bytes_for(capacity)
+        over = self.reserved_bytes + self.prefix.nbytes + need - self.budget_bytes
+        if over > 0:
+            if self.reserved_bytes + need > self.budget_bytes:
+                return None
+            self.prefix.evict(over)
+        slot = self.make_slot(capacity)
+        self.reserved_bytes += slot.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.reserved_bytes + self.prefix.nbytes)
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        self.reserved_bytes -= slot.nbytes
+
+    def remember_prefix(self, key: tuple[int, ...], slot: Slot) -> None:
+        """Keep `slot`'s prefix if the budget has room beside the running sequences."""
+        if self.prefix.put(key, slot, self.layout, limit=self.budget_bytes - self.reserved_bytes):
+            self.peak_bytes = max(self.peak_bytes, self.reserved_bytes + self.prefix.nbytes)
+
+
+# --- attention over slots -----------------------------------------------------------------
+
+
+@dataclass
+class Segment:
+    """One sequence's rows in a packed forward pass: rows [start, start + rows) of the step's
+    tokens, appended after the `past` tokens already in `slot`."""
+
+    slot: Slot
+    start: int
+    rows: int
+    past: int
+    _masks: dict = field(default_factory=dict)
+
+    def mask(self, window: int | None, device: torch.device) -> torch.Tensor | None:
+        """[rows, past + rows] bool (True = may attend), or None when every key is visible."""
+        total = self.past + self.rows
+        needs_window = window is not None and total > window
+        if not needs_window and (self.rows == 1 or self.past == 0):
+            return None  # one row sees every key; a first chunk is plain causal (is_causal)
+        key = window if needs_window else None
+        if key not in self._masks:
+            q = torch.arange(self.past, total, device=device).unsqueeze(1)
+            k = torch.arange(total, device=device).unsqueeze(0)
+            allowed = k <= q
+            if needs_window:
+                allowed &= k > q - window
+            self._masks[key] = allowed
+        return self._masks[key]
+
+
+class Discovery:
+    """A probe pass: records each layer's KV shape and attends causally within the rows."""
+
+    def __init__(self):
+        self.shapes: dict[int, LayerShape] = {}
+
+
+# The step being run (set by the runner around one forward pass). A context variable rather
+# than a model kwarg: it reaches the attention function even through models that do not pass
+# unknown keyword arguments down to their attention modules.
+CURRENT: contextvars.ContextVar[list[Segment] | Discovery | None] = contextvars.ContextVar(
+    "structspec_step", default=None)
+
+
+def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """transformers attention function for packed rows of many sequences.
+
+    query [1, heads, T, D]; key, value [1, kv_heads, T, D] (positions already applied): the
+    new rows of every sequence in the step, packed. Each sequence's rows are written into its
+    slot and attend to its cached tokens plus its own earlier rows. Returns [1, T, heads, Dv].
+    """
+    step = CURRENT.get()
+    if step is None:
+        raise RuntimeError("structspec's ragged attention ran outside an engine step")
+    if kwargs.get("softcap") is not None or getattr(module, "sinks", None) is not None:
+        raise NotImplementedError("attention logit soft-capping and attention sinks are not supported")
+    window = getattr(module, "sliding_window", None)
+    gqa = query.shape[1] != key.shape[1]
+    if isinstance(step, Discovery):
+        step.shapes[module.layer_idx] = LayerShape(key.shape[1], key.shape[-1], value.shape[-1], key.dtype)
+        rows = query.shape[2]
+        seg = Segment(slot=None, start=0, rows=rows, past=0)  # type: ignore[arg-type]
+        mask = seg.mask(window, query.device)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, is_causal=mask is None and rows > 1,
+                                             scale=scaling, enable_gqa=gqa)
+        return out.transpose(1, 2), None
+
+    layer = module.layer_idx
+    out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
+    for seg in step:
+        k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
+        end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
+        k_buf[:, seg.past:end] = key[0, :, rows]
+        v_buf[:, seg.past:end] = value[0, :, rows]
+        mask = seg.mask(window, query.device)
+        causal = mask is None and seg.rows > 1
+        out[:, :, rows] = F.scaled_dot_product_attention(
+            query[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0),
+            attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa)
+    return out.transpose(1, 2), None
+
+
+def register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, ragged_attention)

@@ -1,0 +1,200 @@
+"""The target model's forward pass over one step's packed rows.
+
+BatchedRunner runs every sequence's new rows as one row of tokens through the model with
+structspec's ragged attention (kv_cache.py) swapped in for the model's own: one forward
+pass per step whatever the batch. A model that cannot run that way (its attention does not
+go through transformers' attention interface, or it needs soft-capping or sinks) is found
+by a probe at start-up and served by SequentialRunner: the same steps, one forward pass per
+sequence over its own transformers DynamicCache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from structspec.engine.kv_cache import (ATTENTION_NAME, CURRENT, Discovery, KVLayout, LayerShape, Segment, Slot,
+                                        register_attention)
+
+log = logging.getLogger(__name__)
+
+PROBE_TOKENS = 7  # prompt of the probe: a 4-token chunk, then 3 rows verified together
+PROBE_SPLIT = 4
+
+
+@dataclass
+class StepInputs:
+    """One forward pass: T packed rows, the sequences they belong to, and which rows need logits.
+
+    input_ids, positions: [T] long; logits_rows: [R] long, indices into the T rows (in order).
+    """
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    segments: list[Segment]
+    logits_rows: torch.Tensor
+
+
+@contextlib.contextmanager
+def attention_implementation(model, name: str):
+    """Run the model with attention implementation `name` for the duration of the block."""
+    config = model.config
+    before = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = before
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+class BatchedRunner:
+    batched = True
+
+    def __init__(self, model, layout: KVLayout):
+        self.model = model
+        self.layout = layout
+        self.device = next(model.parameters()).device
+        self._keep = _accepts_logits_to_keep(model)
+
+    def make_slot(self, capacity: int) -> Slot:
+        return Slot(self.layout, capacity, self.device)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInputs) -> torch.Tensor:
+        """Logits [R, V] of the rows in step.logits_rows; every segment's slot grows by its rows."""
+        token = CURRENT.set(step.segments)
+        try:
+            with attention_implementation(self.model, ATTENTION_NAME):
+                kwargs = {"logits_to_keep": step.logits_rows} if self._keep else {}
+                out = self.model(input_ids=step.input_ids.unsqueeze(0), position_ids=step.positions.unsqueeze(0),
+                                 use_cache=False, **kwargs)
+        finally:
+            CURRENT.reset(token)
+        for seg in step.segments:
+            seg.slot.length = seg.past + seg.rows
+        logits = out.logits[0]
+        return logits if self._keep else logits[step.logits_rows]
+
+
+class CacheSlot:
+    """SequentialRunner's per-sequence KV: a transformers DynamicCache (appends copy; crop is a view)."""
+
+    def __init__(self, model, capacity: int, nbytes: int):
+        self.cache = DynamicCache(config=model.config)
+        self.capacity = capacity
+        self.nbytes = nbytes
+        self.length = 0
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= self.length:
+            raise ValueError(f"cannot roll back {num_tokens} of {self.length} cached tokens")
+        if num_tokens:
+            self.cache.crop(-num_tokens)
+        self.length -= num_tokens
+
+
+class SequentialRunner:
+    """Fallback for models that cannot run packed: one forward pass per sequence per step."""
+
+    batched = False
+
+    def __init__(self, model, layout: KVLayout):
+        self.model = model
+        self.layout = layout
+        self.device = next(model.parameters()).device
+
+    def make_slot(self, capacity: int) -> CacheSlot:
+        return CacheSlot(self.model, capacity, capacity * self.layout.bytes_per_token)
+
+    @torch.inference_mode()
+    def forward(self, step: StepInputs) -> torch.Tensor:
+        rows = step.logits_rows.tolist()
+        parts = []
+        for seg in step.segments:
+            lo, hi = seg.start, seg.start + seg.rows
+            wanted = [r - lo for r in rows if lo <= r < hi]
+            out = self.model(input_ids=step.input_ids[lo:hi].unsqueeze(0),
+                             position_ids=step.positions[lo:hi].unsqueeze(0),
+                             past_key_values=seg.slot.cache, use_cache=True)
+            seg.slot.length = seg.past + seg.rows
+            if wanted:
+                parts.append(out.logits[0, wanted])
+        if not parts:
+            return torch.empty(0, 0, device=self.device)
+        return torch.cat(parts)
+
+
+def probe(model) -> KVLayout:
+    """Check that `model` computes the same logits through the ragged attention as through its
+    own, and read its per-layer KV shapes. Raises RuntimeError saying why it cannot batch."""
+    register_attention()
+    device = next(model.parameters()).device
+    vocab = model.get_output_embeddings().weight.shape[0]
+    ids = torch.arange(PROBE_TOKENS, device=device) * 997 % max(vocab - 1, 1) + 1
+    positions = torch.arange(PROBE_TOKENS, device=device)
+    with torch.inference_mode():
+        reference = model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False).logits[0]
+        discovery = Discovery()
+        token = CURRENT.set(discovery)
+        try:
+            with attention_implementation(model, ATTENTION_NAME):
+                model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False)
+        except NotImplementedError as e:
+            raise RuntimeError(str(e)) from None
+        finally:
+            CURRENT.reset(token)
+    num_layers = getattr(model.config, "num_hidden_layers", None)
+    if not discovery.shapes or sorted(discovery.shapes) != list(range(len(discovery.shapes))):
+        raise RuntimeError("its attention layers do not go through transformers' attention interface")
+    if num_layers is not None and len(discovery.shapes) != num_layers:
+        raise RuntimeError(f"{len(discovery.shapes)} of its {num_layers} layers went through the attention "
+                           "interface")
+    layout = KVLayout(tuple(discovery.shapes[i] for i in range(len(discovery.shapes))))
+    # The real path: a first chunk, then the rest as one multi-row step over the cache.
+    runner = BatchedRunner(model, layout)
+    slot = Slot(layout, PROBE_TOKENS, device)
+    rest = PROBE_TOKENS - PROBE_SPLIT
+    runner.forward(StepInputs(ids[:PROBE_SPLIT], positions[:PROBE_SPLIT], [Segment(slot, 0, PROBE_SPLIT, 0)],
+                              torch.tensor([PROBE_SPLIT - 1], device=device)))
+    got = runner.forward(StepInputs(ids[PROBE_SPLIT:], positions[PROBE_SPLIT:],
+                                    [Segment(slot, 0, rest, PROBE_SPLIT)], torch.arange(rest, device=device)))
+    want = reference[PROBE_SPLIT:].float()
+    scale = want.abs().max().clamp_min(1e-6)
+    err = float((got.float() - want).abs().max() / scale)
+    tolerance = 1e-3 if reference.dtype == torch.float32 else 5e-2
+    if not err <= tolerance:
+        raise RuntimeError(f"its logits through the ragged attention differ from its own by {err:.2g} "
+                           f"(relative; tolerance {tolerance})")
+    return layout
+
+
+def estimate_layout(model) -> KVLayout:
+    """Per-layer KV shapes from a one-token DynamicCache pass (for SequentialRunner's budget)."""
+    device = next(model.parameters()).device
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.ones(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
+    shapes = []
+    for layer in cache.layers:
+        k, v = layer.keys, layer.values
+        shapes.append(LayerShape(k.shape[1], k.shape[-1], v.shape[-1], k.dtype))
+    return KVLayout(tuple(shapes))
+
+
+def make_runner(model) -> BatchedRunner | SequentialRunner:
+    """The batched runner if the model passes the probe, else the sequential one (logged)."""
+    try:
+        return BatchedRunner(model, probe(model))
+    except Exception as e:  # any failure of the probe means: do not batch this model
+        name = getattr(model.config, "model_type", type(model).__name__)
+        log.warning("model %s cannot run batched (%s); decoding one sequence at a time", name, e)
+        return SequentialRunner(model, estimate_layout(model))

@@ -1,0 +1,179 @@
+"""One request's state in the engine: what was asked, where it stands, what it cost."""
+
+from __future__ import annotations
+
+import enum
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence as Seq
+
+import torch
+
+from structspec.engine.proposers import DraftContext, Proposer
+from structspec.grammar import Matcher
+from structspec.options import RequestOptions
+
+
+@dataclass
+class Request:
+    """What a caller submits: a schema, a document and concrete options."""
+
+    schema: dict
+    document: str
+    options: RequestOptions
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    proposer: Proposer | None = None  # overrides the strategy's proposer (tests inject adversarial ones)
+    # Per-position conditional acceptance of the chosen strategy for this schema (`auto`): the
+    # scheduler may then draft fewer than options.draft_len tokens when the batch is large.
+    # None: draft options.draft_len every step (a fixed strategy).
+    acceptance: Seq[float] | None = None
+    trace: bool = False  # record each output token's top-2 masked logit gap (exactness tests)
+    # keep this prompt's KV for later requests with the same prompt (benchmarks running one
+    # document under several strategies); otherwise only the schema's shared prefix is kept
+    reuse_prompt: bool = False
+
+
+@dataclass
+class RequestStats:
+    """Everything measured about one request; stored with the job and folded into the schema's
+    per-arm statistics (structspec/stats)."""
+
+    strategy: str
+    draft_len: int
+    verbatim: bool = False  # some string of the grammar was limited to document spans
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens computed (the rest came from the prefix cache)
+    prefix_tokens: int = 0  # prompt tokens whose KV was reused from the prefix cache
+    output_tokens: int = 0
+    target_passes: int = 0  # decode steps the request took part in
+    proposed: int = 0  # draft tokens sent to verification (after the grammar cut)
+    accepted: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)
+    accepted_by_position: list[int] = field(default_factory=list)
+    # passes in which draft position i was offered (the scheduler's k > i) and positions < i were
+    # accepted: the trials of position i's conditional acceptance
+    reached_by_position: list[int] = field(default_factory=list)
+    batch_size: float = 0.0  # mean number of sequences decoded in the steps it took part in
+    queued_s: float = 0.0  # submitted -> admitted
+    # the request's share of the steps it took part in, by rows (prefill rows, decode rows)
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    wall_s: float = 0.0  # submitted -> finished
+    stop_reason: str = ""
+    _batch_sum: int = 0
+
+    def record_step(self, offered: int, drafted: int, accepted: int, batch_size: int) -> None:
+        self.target_passes += 1
+        self.proposed += drafted
+        self.accepted += accepted
+        self._batch_sum += batch_size
+        grow = offered - len(self.reached_by_position)
+        if grow > 0:
+            for name in ("proposed_by_position", "accepted_by_position", "reached_by_position"):
+                getattr(self, name).extend([0] * grow)
+        for i in range(offered):
+            if i <= accepted:
+                self.reached_by_position[i] += 1
+            if i < drafted:
+                self.proposed_by_position[i] += 1
+            if i < accepted:
+                self.accepted_by_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        return self.output_tokens / self.target_passes if self.target_passes else 0.0
+
+    def finish(self, stop_reason: str, wall_s: float) -> None:
+        self.stop_reason = stop_reason
+        self.wall_s = wall_s
+        self.batch_size = self._batch_sum / self.target_passes if self.target_passes else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        for name in ("prefill_s", "decode_s", "wall_s", "queued_s", "batch_size"):
+            out[name] = round(out[name], 4)
+        out["acceptance_rate"] = round(self.acceptance_rate, 4)
+        out["tokens_per_pass"] = round(self.tokens_per_pass, 4)
+        return out
+
+
+@dataclass
+class ExtractResult:
+    status: str  # "succeeded" | "truncated" | "invalid" | "cancelled"
+    value: Any  # the parsed JSON when status is succeeded
+    text: str  # the raw generated text
+    tokens: list[int]
+    stats: RequestStats
+    error: str | None = None
+    request_id: str = ""
+    margins: list[float] | None = None  # with Request.trace: top-2 masked logit gap per output token
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # not admitted: no KV slot yet
+    PREFILL = "prefill"  # admitted, prompt KV being computed in chunks
+    DECODE = "decode"
+    DONE = "done"
+
+
+class Sequence:
+    """A request inside the engine: tokens, grammar state, drafting context, KV slot, stats."""
+
+    def __init__(self, request: Request, prompt: list[int], prefix_len: int, matcher: Matcher,
+                 proposer: Proposer, ctx: DraftContext, generator: torch.Generator | None, verbatim: bool):
+        opts = request.options
+        self.request = request
+        self.prompt = prompt
+        self.prefix_len = prefix_len  # leading prompt tokens every document of this schema shares
+        self.matcher = matcher
+        self.proposer = proposer
+        self.ctx = ctx
+        self.generator = generator
+        self.max_tokens: int = opts.max_tokens  # type: ignore[assignment]
+        # `none` drafts nothing, so it offers no positions (an injected proposer still drafts)
+        plain = opts.strategy == "none" and request.proposer is None
+        self.draft_len: int = 0 if plain else opts.draft_len  # type: ignore[assignment]
+        self.temperature = opts.temperature
+        self.phase = Phase.WAITING
+        self.slot = None
+        self.cached = 0  # prompt/output tokens whose KV is in the slot
+        self.last = prompt[-1]  # the token the next decode step feeds
+        self.out: list[int] = []
+        self.out_bytes = bytearray()
+        self.margins: list[float] | None = [] if request.trace else None
+        self.stop_reason: str | None = None
+        self.cancelled = False
+        self.stats = RequestStats(strategy=opts.strategy, draft_len=self.draft_len, verbatim=verbatim,
+                                  prompt_tokens=len(prompt))
+        self.submitted_at = time.perf_counter()
+        # this step's plan
+        self.k = 0  # draft positions offered to verification (a draft cut short by the proposer or
+        # the grammar still offered them: they count as rejected; one the scheduler trimmed did not)
+        self.draft: list[int] = []
+
+    @property
+    def id(self) -> str:
+        return self.request.id
+
+    @property
+    def prefill_target(self) -> int:
+        """Prompt tokens whose KV precedes the first decode step (all but the last)."""
+        return len(self.prompt) - 1
+
+    @property
+    def budget(self) -> int:
+        return self.max_tokens - len(self.out)
+
+    def capacity(self, context_len: int) -> int:
+        """KV positions this request can ever need: drafts never run past max_tokens."""
+        return min(context_len, len(self.prompt) + self.max_tokens)
+
+    def max_draft(self) -> int:
+        """The most draft tokens this step may offer: k <= draft_len, never past max_tokens or
+        the slot's capacity ([last, draft...] is written at cached..cached + k)."""
+        return max(0, min(self.draft_len, self.budget - 1, self.slot.capacity - self.cached - 1))

@@ -1,0 +1,197 @@
+"""One engine step, as small functions in the order they run.
+
+    propose   -> every decoding sequence's draft (up to its k), cut at the first
+                 grammar-invalid token; drafts of `auto` sequences are then trimmed to
+                 what pays in this batch (cost.py, in Engine._draft)
+    pack      -> bitmask rows in one shared buffer (row i = what the grammar allows after
+                 draft[:i]) and the packed rows [last, draft...] of every sequence plus this
+                 step's prefill chunks
+    forward   -> ONE target pass over all rows (runner.py)
+    verify    -> ONE verification for the batch (kernels/), one host synchronisation
+    commit    -> per sequence: accept, roll grammar and KV back, check stop conditions
+
+With an empty draft a sequence does plain constrained decoding, so `none` runs the same lean
+path as the speculative strategies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import kernels
+from structspec.engine.kv_cache import Segment
+from structspec.engine.runner import StepInputs
+from structspec.engine.sequence import Sequence
+
+
+class GrammarDeadEnd(RuntimeError):
+    """The grammar allows no token at some position (a backend bug, never expected)."""
+
+
+@dataclass
+class Packed:
+    """What a step's verification needs besides the logits (vLLM's SpecDecodeMetadata, ours).
+
+    decoding[b] owns logits rows [cu[b] + b, cu[b + 1] + b]; drafts packs their drafts."""
+
+    inputs: StepInputs
+    decoding: list[Sequence]
+    drafts: torch.Tensor  # [sum n_b] int64
+    cu: torch.Tensor  # [B + 1] int32
+    cu_list: list[int]  # the same offsets on the host
+    rows: int  # logits rows (= bitmask rows) in use
+    prefill_rows: int
+
+
+def propose(seq: Sequence) -> None:
+    """seq.draft := up to seq.k proposed tokens, cut at the first one the grammar refuses."""
+    if seq.k <= 0:
+        seq.draft = []
+        return
+    seq.ctx.output_text = seq.out_bytes.decode("utf-8", errors="replace")
+    draft = seq.proposer.propose(seq.ctx, seq.k)[:seq.k]
+    seq.draft = draft[:seq.matcher.validate(draft)] if draft else []
+
+
+def fill_bitmask(seq: Sequence, bitmask: torch.Tensor, first_row: int) -> None:
+    """Rows first_row..first_row + n of `bitmask`; leaves the matcher advanced over the draft
+    (commit rolls back what verification rejects)."""
+    n = len(seq.draft)
+    for i in range(n + 1):
+        seq.matcher.fill_bitmask(bitmask, first_row + i)
+        if i < n and not seq.matcher.consume(seq.draft[i:i + 1]):
+            raise GrammarDeadEnd(f"grammar refused a validated draft token: {seq.matcher.error()}")
+
+
+def pack(prefill: list[tuple[Sequence, int]], decoding: list[Sequence], device: torch.device) -> Packed:
+    """Packed rows: decoding sequences' [last, draft...] first (their logits rows are then the
+    leading rows, in kernel order), then prefill chunks (no logits)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    segments: list[Segment] = []
+    drafts: list[int] = []
+    cu = [0]
+    for seq in decoding:
+        rows = [seq.last] + seq.draft
+        segments.append(Segment(seq.slot, len(ids), len(rows), seq.cached))
+        positions += range(seq.cached, seq.cached + len(rows))
+        ids += rows
+        drafts += seq.draft
+        cu.append(len(drafts))
+    logits_rows = len(ids)
+    for seq, n in prefill:
+        segments.append(Segment(seq.slot, len(ids), n, seq.cached))
+        ids += seq.prompt[seq.cached:seq.cached + n]
+        positions += range(seq.cached, seq.cached + n)
+    inputs = StepInputs(
+        input_ids=torch.tensor(ids, dtype=torch.long).to(device, non_blocking=True),
+        positions=torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
+        segments=segments,
+        logits_rows=torch.arange(logits_rows, device=device))
+    return Packed(inputs, decoding, torch.tensor(drafts, dtype=torch.int64).to(device, non_blocking=True),
+                  torch.tensor(cu, dtype=torch.int32).to(device, non_blocking=True), cu, logits_rows,
+                  len(ids) - logits_rows)
+
+
+def verify(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed, vocab_size: int,
+           backend: str) -> list[list[int]]:
+    """Per decoding sequence: accepted draft prefix + correction/bonus token (one host sync).
+
+    Greedy and sampled sequences share the step: when both are present, each group is
+    verified by its own kernel over its own rows (two launches, one synchronisation)."""
+    seqs = packed.decoding
+    sampled = [b for b, s in enumerate(seqs) if s.temperature > 0]
+    if not sampled:
+        tokens, num = kernels.verify_greedy(logits, bitmask, packed.drafts, packed.cu, backend=backend)
+        return _rows(tokens, num)
+    if len(sampled) == len(seqs):
+        return _rows(*_verify_sampled(logits, bitmask, packed, list(range(len(seqs))), vocab_size, backend))
+    greedy = [b for b in range(len(seqs)) if seqs[b].temperature <= 0]
+    sub_g = _subset(logits, bitmask, packed, greedy)
+    g_tokens, g_num = kernels.verify_greedy(*sub_g, backend=backend)
+    s_tokens, s_num = _verify_sampled(logits, bitmask, packed, sampled, vocab_size, backend)
+    out: list[list[int]] = [[] for _ in seqs]
+    for b, row in zip(greedy, _rows(g_tokens, g_num)):
+        out[b] = row
+    for b, row in zip(sampled, _rows(s_tokens, s_num)):
+        out[b] = row
+    return out
+
+
+def _rows(tokens: torch.Tensor, num: torch.Tensor) -> list[list[int]]:
+    both = torch.cat([tokens, num.unsqueeze(1).to(tokens.dtype)], dim=1).tolist()  # the step's one sync
+    return [row[:row[-1] + 1] for row in both]
+
+
+def _subset(logits, bitmask, packed: Packed, which: list[int]):
+    """(logits, bitmask, drafts, cu) of sequences `which`, in kernel layout."""
+    cu = packed.cu_list
+    rows, draft_idx, new_cu = [], [], [0]
+    for b in which:
+        rows += range(cu[b] + b, cu[b + 1] + b + 1)
+        draft_idx += range(cu[b], cu[b + 1])
+        new_cu.append(new_cu[-1] + cu[b + 1] - cu[b])
+    dev = logits.device
+    r = torch.tensor(rows, dtype=torch.long, device=dev)
+    d = torch.tensor(draft_idx, dtype=torch.long, device=dev)
+    return logits[r], bitmask[r], packed.drafts[d], torch.tensor(new_cu, dtype=torch.int32, device=dev)
+
+
+def _verify_sampled(logits, bitmask, packed: Packed, which: list[int], vocab_size: int, backend: str):
+    seqs = packed.decoding
+    if len(which) == len(seqs):
+        sub = (logits, bitmask, packed.drafts, packed.cu)
+    else:
+        sub = _subset(logits, bitmask, packed, which)
+    dev = logits.device
+    accept_u, noise = kernels.make_sampling_randoms(sub[3], vocab_size, [seqs[b].generator for b in which], dev)
+    temps = torch.tensor([seqs[b].temperature for b in which], dtype=torch.float32, device=dev)
+    return kernels.verify_sampling(*sub, temps, accept_u, noise, backend=backend)
+
+
+def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int, count: int) -> list[float]:
+    """Top-2 masked logit gap of `count` rows (inf where one token is allowed)."""
+    from kernels.bitmask import unpack_bitmask
+
+    x = logits[first_row:first_row + count].float()
+    allowed = unpack_bitmask(bitmask[first_row:first_row + count], x.shape[1])
+    x = x.masked_fill(~allowed, float("-inf"))
+    top = x.topk(2, dim=-1).values
+    return (top[:, 0] - top[:, 1]).tolist()
+
+
+def commit(seq: Sequence, emitted: list[int], eos_ids: set[int], token_bytes, batch_size: int) -> None:
+    """Apply one verification result: `emitted` = accepted draft prefix + correction/bonus."""
+    n = len(seq.draft)
+    accepted = len(emitted) - 1
+    correction = emitted[-1]
+    # An accepted draft token that is EOS ends the output exactly as a verified EOS would.
+    eos_at = next((i for i, t in enumerate(seq.draft[:accepted]) if t in eos_ids), None)
+    keep = accepted if eos_at is None else eos_at
+    seq.matcher.rollback(n - keep)
+    seq.slot.rollback(n - keep)  # the forward pass stored [last, draft...]: keep last + draft[:keep]
+    seq.cached += keep + 1
+    seq.stats.record_step(seq.k, n, accepted, batch_size)
+    seq.out += seq.draft[:keep]
+    seq.out_bytes += token_bytes(seq.draft[:keep])
+    if eos_at is not None:
+        seq.stop_reason = "eos"
+        return
+    if correction < 0:
+        raise GrammarDeadEnd("the grammar allows no token here")
+    if correction in eos_ids and seq.matcher.is_accepting():
+        seq.stop_reason = "eos"
+        return
+    if not seq.matcher.consume([correction]):
+        raise GrammarDeadEnd(f"grammar refused the verified token {correction}: {seq.matcher.error()}")
+    seq.out.append(correction)
+    seq.out_bytes += token_bytes([correction])
+    seq.last = correction
+    if seq.matcher.is_stopped():
+        seq.stop_reason = "grammar"
+    elif seq.budget <= 0:
+        seq.stop_reason = "max_tokens"
+    elif seq.cached + 1 > seq.slot.capacity:
+        seq.stop_reason = "context"
