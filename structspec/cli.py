@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -11,6 +10,7 @@ import sys
 from pathlib import Path
 
 from structspec.config import Settings
+from structspec.options import AUTO, JOB_STRATEGIES, OPTION_NAMES, SPECS, OptionError, RequestOptions
 
 
 class CliError(Exception):
@@ -63,26 +63,41 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, help="torch CPU threads (0 = torch's default)")
 
 
-def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
-    from structspec.engine.proposers import STRATEGIES  # light: no torch at CLI start-up
+def option_help(name: str, note: str = "") -> str:
+    """A request option's --help: its help and bounds from structspec.options.SPECS, then `note`
+    (this command's default)."""
+    spec = SPECS[name]
+    shown = [f"{_number(spec.minimum)} to {_number(spec.maximum)}"] if spec.minimum is not None else []
+    shown += [note] if note else []
+    return f"{spec.help} [{'; '.join(shown)}]" if shown else spec.help
 
-    p.add_argument("--strategy", choices=("auto",) + tuple(STRATEGIES), default=defaults.job_strategy,
-                   help="auto picks strategy and k per document from the schema's statistics in the "
-                        "local database [env STRUCTSPEC_JOB_STRATEGY; default %(default)s]")
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def flag_error(e: OptionError) -> CliError:
+    """`e` naming the command-line flag rather than the option: `--draft-len must be ...`."""
+    flag, message = "--" + e.option.replace("_", "-"), str(e)
+    return CliError(flag + message[len(e.option):] if message.startswith(e.option + " ") else f"{flag}: {message}")
+
+
+def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
+    p.add_argument("--strategy", choices=SPECS["strategy"].choices, default=defaults.job_strategy,
+                   help=option_help("strategy", "auto keeps statistics in the local database; "
+                                                "env STRUCTSPEC_JOB_STRATEGY, default %(default)s"))
     p.add_argument("--draft-len", type=int, metavar="K",
-                   help=f"tokens drafted per step; with auto it fixes k and only the strategy is chosen "
-                        f"(default: auto chooses k; {defaults.draft_len} for a fixed strategy)")
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T")
-    p.add_argument("--seed", type=int, metavar="S")
-    p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N")
-    p.add_argument("--verbatim", action="store_true",
-                   help="plain string fields only copy spans of the document (x-structspec-verbatim in the "
-                        "schema overrides it per subschema)")
+                   help=option_help("draft_len", f"here {defaults.draft_len} for a fixed strategy, "
+                                                 "env STRUCTSPEC_DRAFT_LEN"))
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help=option_help("temperature", "default %(default)s"))
+    p.add_argument("--seed", type=int, metavar="S", help=option_help("seed"))
+    p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N",
+                   help=option_help("max_tokens", "env STRUCTSPEC_MAX_TOKENS, default %(default)s"))
+    p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
 
 
 def cmd_extract(args) -> int:
-    from structspec.engine.engine import ExtractOptions
-    from structspec.engine.prompt import DocumentTooLong
     from structspec.grammar import SchemaError, check_schema
     from structspec.grammar.verbatim import uses_verbatim
 
@@ -95,43 +110,73 @@ def cmd_extract(args) -> int:
         print(f"structspec: warning: schema {args.schema}: {SchemaError([w])} (results are still validated)",
               file=sys.stderr)
     documents = [(p, read_document(p)) for p in args.documents]
-    auto = args.strategy == "auto"
     settings = settings_from(args)
-    opts = ExtractOptions(strategy="none" if auto else args.strategy,
-                          draft_len=settings.draft_len if args.draft_len is None else args.draft_len,
-                          temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens,
-                          verbatim=args.verbatim)
     try:
-        opts.check()
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    local = open_local_stats(settings, schema, args.schema) if auto else None
-    verbatim = uses_verbatim(schema, args.verbatim)  # verbatim runs learn from verbatim runs only
+        opts = RequestOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
+                              seed=args.seed, max_tokens=args.max_tokens,
+                              verbatim=args.verbatim).with_defaults(settings).check()
+    except OptionError as e:
+        raise flag_error(e) from None
+    local = open_local_stats(settings, schema, args.schema) if opts.strategy == AUTO else None
+    verbatim = uses_verbatim(schema, opts.verbatim)  # verbatim runs learn from verbatim runs only
     engine = build_engine(settings)
-    failed = 0
-    for path, text in documents:
-        if local is not None:
-            choice, why = local.choose(args.draft_len, verbatim)
-            opts = dataclasses.replace(opts, strategy=choice.strategy, draft_len=choice.draft_len)
-        try:
-            res = engine.extract(schema, text, opts)
-        except DocumentTooLong as e:
-            print(f"structspec: {path}: {e}", file=sys.stderr)
-            failed += 1
-            continue
-        if local is not None:
-            local.record(res.stats.as_dict(), res.stats.wall_s)
-        if res.status == "succeeded":
-            print(json.dumps(res.value, ensure_ascii=False), flush=True)
-        else:
-            failed += 1
-            print(f"structspec: {path}: {res.status}: {res.error}", file=sys.stderr)
-        if args.stats:
-            st = {k: v for k, v in res.stats.as_dict().items() if not k.endswith("_by_position")}
-            picked = {"selected_by": why} if local is not None else {}
-            print(json.dumps({"document": path, "status": res.status, **st, **picked}), file=sys.stderr,
-                  flush=True)
+    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats)
+
+
+def run_documents(engine, schema: dict, documents: list[tuple[str, str]], opts, local, verbatim: bool,
+                  show_stats: bool) -> int:
+    """Decode `documents` together, keeping the engine full: each document is submitted when a
+    place frees up, so with `auto` its (strategy, k) is drawn from statistics that include the
+    documents finished before it. Results are printed in input order as they become available."""
+    from collections import deque
+
+    from structspec.engine.engine import Request
+
+    pending = deque(enumerate(documents))
+    ready: dict[int, tuple[str, object, str | None]] = {}  # input index -> (path, result or error, selected_by)
+    index_of: dict[str, tuple[int, str, str | None]] = {}  # request id -> (index, path, selected_by)
+    printed = failed = 0
+    while pending or engine.has_work():
+        while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
+            i, (path, text) = pending.popleft()
+            run, why = opts, None
+            if local is not None:
+                choice, why = local.choose(opts.draft_len, verbatim)
+                run = opts.replace(strategy=choice.strategy, draft_len=choice.draft_len)
+            acceptance = (local.acceptance(run.strategy, run.draft_len, verbatim)
+                          if local is not None and run.strategy != "none" and run.draft_len else None)
+            request = Request(schema, text, run, acceptance=acceptance)
+            try:
+                engine.submit(request)
+            except ValueError as e:  # too long for the context or the KV budget: this document only
+                ready[i] = (path, e, why)
+                continue
+            index_of[request.id] = (i, path, why)
+        for res in engine.step() if engine.has_work() else []:
+            i, path, why = index_of.pop(res.request_id)
+            if local is not None and res.status not in ("error", "cancelled"):
+                local.record(res.stats.as_dict(), res.stats.wall_s)
+            ready[i] = (path, res, why)
+        while printed in ready:
+            failed += not print_result(*ready.pop(printed), show_stats)
+            printed += 1
     return 1 if failed else 0
+
+
+def print_result(path: str, res, why: str | None, show_stats: bool) -> bool:
+    """A result on stdout (or why not, on stderr); True when it succeeded."""
+    if isinstance(res, Exception):
+        print(f"structspec: {path}: {res}", file=sys.stderr)
+        return False
+    if res.status == "succeeded":
+        print(json.dumps(res.value, ensure_ascii=False), flush=True)
+    else:
+        print(f"structspec: {path}: {res.status}: {res.error}", file=sys.stderr)
+    if show_stats:
+        st = {k: v for k, v in res.stats.as_dict().items() if not k.endswith("_by_position")}
+        picked = {"selected_by": why} if why is not None else {}
+        print(json.dumps({"document": path, "status": res.status, **st, **picked}), file=sys.stderr, flush=True)
+    return res.status == "succeeded"
 
 
 def open_local_stats(settings: Settings, schema: dict, path: str):
@@ -181,6 +226,12 @@ def cmd_bench_load(args) -> int:
         raise CliError("--jobs must be at least 1")
     args.concurrency = args.concurrency or args.jobs
     return run_load_bench(args)
+
+
+def cmd_bench_batch(args) -> int:
+    from structspec.bench.batch import run_batch_bench
+
+    return run_batch_bench(args, settings_from(args))
 
 
 def cmd_bench_kernels(args) -> int:
@@ -273,10 +324,10 @@ def cmd_serve(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    """Run a Celery worker on STRUCTSPEC_BROKER_URL. One process per model: concurrency 1 uses
-    the solo pool (the task runs in the worker process itself, so SIGKILL takes the job with
-    it and the lease/redelivery machinery brings it back); N > 1 uses N prefork children, each
-    loading the model once."""
+    """Run a Celery worker on STRUCTSPEC_BROKER_URL: one process, one engine. Task threads (the
+    threads pool) claim their message's jobs and hand them to the engine loop, so the jobs of
+    `concurrency` messages decode together; SIGKILL takes the process and its jobs with it, and
+    the lease/redelivery machinery brings them back. More processes: start more workers."""
     from celery.signals import setup_logging as celery_setup_logging
 
     from structspec.logs import setup_logging
@@ -290,15 +341,17 @@ def cmd_worker(args) -> int:
     def _logging(loglevel=None, **_):  # a receiver replaces Celery's own logging set-up
         setup_logging(settings.log_format, loglevel or logging.INFO)
 
-    pool = "solo" if args.concurrency == 1 else "prefork"
+    # Enough messages in flight to keep the engine full even when each carries one job (single
+    # POSTs); a batch's messages carry job_chunk_size jobs, which wait in the engine's queue.
+    threads = args.concurrency or settings.engine_max_seqs + 1
     try:  # before connecting to the broker: a worker without a model takes no job
-        prepare_model(settings, load=pool == "solo")
+        prepare_model(settings)
     except Exception as e:
         raise CliError(f"worker cannot load model {settings.model!r}: {' '.join(str(e).split())[:1000]}; "
                        "not consuming jobs (they stay queued)") from e
     # --quiet: no start-up banner on stdout (it is not a log line, and not JSON)
     quiet = ["--quiet"] if settings.log_format == "json" else []  # a `celery` option, before `worker`
-    argv = [*quiet, "worker", f"--pool={pool}", f"--concurrency={args.concurrency}",
+    argv = [*quiet, "worker", "--pool=threads", f"--concurrency={threads}",
             f"--queues={settings.job_queue}", f"--loglevel={args.loglevel}",
             "--without-gossip", "--without-mingle", "--without-heartbeat"]
     if args.hostname:
@@ -309,8 +362,7 @@ def cmd_worker(args) -> int:
 
 def client_options(args) -> dict:
     """The job options given on the command line (the server's defaults fill the rest)."""
-    names = ("strategy", "draft_len", "temperature", "seed", "max_tokens")
-    given = {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+    given = {n: getattr(args, n) for n in OPTION_NAMES if n != "verbatim" and getattr(args, n) is not None}
     return {**given, "verbatim": True} if args.verbatim else given
 
 
@@ -346,18 +398,17 @@ def cmd_batch(args) -> int:
 
 
 def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
-    from structspec.engine.proposers import STRATEGIES
-
     p.add_argument("--schema", required=True, help="JSON Schema file (registered under its file name)")
     p.add_argument("--server", default=f"http://{defaults.host}:{defaults.port}",
                    help="base URL of `structspec serve` (default %(default)s)")
     p.add_argument("--api-key", metavar="KEY", help="API key (`structspec keys create`) [env STRUCTSPEC_API_KEY]")
-    p.add_argument("--strategy", choices=("auto",) + tuple(STRATEGIES), help="default: the server's")
-    p.add_argument("--draft-len", type=int, metavar="K")
-    p.add_argument("--temperature", type=float, metavar="T")
-    p.add_argument("--seed", type=int, metavar="S")
-    p.add_argument("--max-tokens", type=int, metavar="N")
-    p.add_argument("--verbatim", action="store_true", help="plain string fields only copy document spans")
+    server = "default: the server's"
+    p.add_argument("--strategy", choices=SPECS["strategy"].choices, help=option_help("strategy", server))
+    p.add_argument("--draft-len", type=int, metavar="K", help=option_help("draft_len"))
+    p.add_argument("--temperature", type=float, metavar="T", help=option_help("temperature", server))
+    p.add_argument("--seed", type=int, metavar="S", help=option_help("seed"))
+    p.add_argument("--max-tokens", type=int, metavar="N", help=option_help("max_tokens", server))
+    p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
 
 
 def cmd_conformance(args) -> int:
@@ -392,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     from structspec.bench.harness import DEFAULT_SYSTEMS
 
     top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
-                                       "sub-benchmark: strategies, auto, load, kernels)",
+                                       "sub-benchmark: strategies, auto, load, batch, kernels)",
                          description="Without a sub-command: run every --systems on the same documents, "
                                      "interleaved, and report validity, accuracy, speed and memory per system "
                                      "(Markdown on stdout; bench.json and PNG plots in --out).")
@@ -448,13 +499,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=200, help="submissions (default %(default)s)")
     p.add_argument("--concurrency", type=int, default=0, help="client threads (default: one per job)")
     p.add_argument("--max-tokens", type=int, default=64, help="per job (default %(default)s)")
-    p.add_argument("--strategy", help="job strategy (default: the server's, auto)")
+    p.add_argument("--strategy", choices=JOB_STRATEGIES, help="job strategy (default: the server's, auto)")
     p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds in all")
     p.add_argument("--request-timeout", type=float, default=120, help="per HTTP request, seconds")
     p.add_argument("--database-url", help="e.g. postgresql://postgres@127.0.0.1/structspec_load "
                                           "(default: SQLite in a temporary directory)")
     p.add_argument("--broker-url", help="e.g. redis://127.0.0.1:6379/0 (default: the embedded broker)")
-    p.add_argument("--worker-concurrency", type=int, default=1, help="worker processes (one model each)")
+    p.add_argument("--worker-concurrency", type=int, default=0,
+                   help="the worker's --concurrency (task threads; default: the worker's own)")
     p.add_argument("--threads", type=int, help="torch threads in the worker [env STRUCTSPEC_TORCH_THREADS]")
     p.add_argument("--seed", type=int, default=0, help="seeds the generated documents")
     p.add_argument("--out", default="bench-out/load.json", help="JSON record (default %(default)s)")
@@ -463,6 +515,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's rate_limit_per_minute (default 0 = off: one client firing --jobs at once "
                         "is what the limiter refuses)")
     p.set_defaults(func=cmd_bench_load)
+    p = bench.add_parser("batch", help="the batched engine against one sequence at a time (docs/benchmarks.md)",
+                         description="Parts a-f of the batched-engine benchmark (see structspec/bench/batch.py): "
+                                     "Markdown on stdout, batch.json, batch.md and batch_throughput.png in --out.")
+    p.add_argument("--parts", default="abcdef", help="which parts to run (default %(default)s)")
+    p.add_argument("--dataset", default="../shared/data/deepjsoneval_en.jsonl", help="JSONL for part a (skipped if absent)")
+    p.add_argument("--docs", type=int, default=32, help="a: the shortest documents measured")
+    p.add_argument("--warmup", type=int, default=4, help="documents auto learns from first (a, b, c)")
+    p.add_argument("--max-tokens", type=int, default=192, help="a: per document")
+    p.add_argument("--repeats", type=int, default=1, help="a: runs of each configuration (order alternates)")
+    p.add_argument("--receipts", type=int, default=32, help="b, c, d: synthetic receipts")
+    p.add_argument("--receipt-max-tokens", type=int, default=64, help="b: max_tokens per receipt")
+    p.add_argument("--seqs", default="1,4,16,32", help="c: engine_max_seqs values")
+    p.add_argument("--seqs-max-tokens", type=int, default=48, help="c, e: max_tokens per receipt")
+    p.add_argument("--seqs-repeats", type=int, default=1, help="c: runs of each configuration")
+    p.add_argument("--profile-tokens", type=int, default=16, help="e: max_tokens of the profiled run")
+    p.add_argument("--prefix-repeats", type=int, default=1, help="d: runs of cache on and off (order alternates)")
+    p.add_argument("--shape-contexts", default="400,1300",
+                   help="e: context lengths at which one forward pass is timed by shape (sequences x rows)")
+    p.add_argument("--low-kv-docs", type=int, default=64, help="f: receipts")
+    p.add_argument("--low-kv-fit", type=int, default=4, help="f: sequences the KV budget holds at most")
+    p.add_argument("--low-kv-tokens", type=int, default=32, help="f: max_tokens per receipt")
+    p.add_argument("--server-repeats", type=int, default=1, help="b: runs of each worker configuration")
+    p.add_argument("--server-timeout", type=float, default=1800, help="b: give up on a service after this many s")
+    p.add_argument("--server-single-posts", action="store_true",
+                   help="b: also the default worker with one POST /v1/extractions per document")
+    p.add_argument("--keep-logs", metavar="DIR", help="b: copy the server and worker logs here")
+    p.add_argument("--seed", type=int, default=0, help="receipts and auto's draws")
+    p.add_argument("--out", default="bench-out", help="directory for batch.json, batch.md, batch_throughput.png")
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench_batch)
     p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench_kernels)
@@ -502,8 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Consume extraction jobs from the broker, load the model once per process, "
                                    "store results in STRUCTSPEC_DATABASE_URL. Also re-queues jobs whose worker "
                                    "died (lease expired), at start and every job_lease_s/2 seconds.")
-    p.add_argument("--concurrency", "-c", type=int, default=1,
-                   help="worker processes, one model each (1 = solo pool, in this process)")
+    p.add_argument("--concurrency", "-c", type=int, default=0,
+                   help="messages run at once by task threads feeding the one engine (default: "
+                        "STRUCTSPEC_ENGINE_MAX_SEQS + 1, enough to keep it full with one job per message)")
     p.add_argument("--loglevel", default="INFO")
     p.add_argument("--hostname", help="Celery node name (default celery@HOST)")
     p.set_defaults(func=cmd_worker)

@@ -1,7 +1,9 @@
 """Shared fixtures: the default tokenizer and model, and a small random-weight model.
 
 Exactness must hold for any model, so most engine tests use a 2-layer random Llama
-built on the default tokenizer (fast); tests marked `model` use the real default model.
+built on the default tokenizer (fast): a peaky one (greedy choices far from ties) and one at
+normal initialisation (near-ties as in real models); tests marked `model` use the real
+default model.
 A test that cannot get the default model fails under CI (env CI set) and is skipped
 with the reason elsewhere.
 """
@@ -66,6 +68,24 @@ def tiny_loaded(tokenizer):
                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     model = LlamaForCausalLM(cfg).eval()
     return from_model(model, tokenizer, name="tiny-random")
+
+
+@pytest.fixture(scope="session")
+def tiny_normal_loaded(tokenizer):
+    """The same 2-layer random Llama at transformers' default initialisation (initializer_range
+    0.02): flat logits, so greedy choices come close to ties as they do in real models."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from structspec.engine.model import from_model
+
+    torch.manual_seed(4321)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=8192, tie_word_embeddings=False,
+                      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    assert cfg.initializer_range == 0.02
+    model = LlamaForCausalLM(cfg).eval()
+    return from_model(model, tokenizer, name="tiny-random-normal")
 
 
 @pytest.fixture(scope="session")

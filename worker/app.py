@@ -1,7 +1,7 @@
 """The Celery app, built from Settings. Tasks live in worker.tasks (`include`), so importing
 this module (the API does, to publish) pulls in neither torch nor the model.
 
-    celery -A worker.app worker --pool solo      # or: structspec worker [--concurrency N]
+    celery -A worker.app worker --pool threads   # or: structspec worker [--concurrency N]
 """
 
 from __future__ import annotations

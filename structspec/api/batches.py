@@ -18,7 +18,7 @@ from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
 from structspec.api.extractions import provide_job_service
 from structspec.api.schemas import _errors
 from structspec.api.services.jobs import JobService
-from structspec.api.structs import NO_NUL, STRATEGIES, BatchAccepted, BatchCreate, BatchRead, JobOptions
+from structspec.api.structs import NO_NUL, BatchAccepted, BatchCreate, BatchRead, JobOptions, option_keywords
 
 BatchId = Annotated[str, PathParameter(description="batch id (UUID)")]
 Jobs = NamedDependency[JobService]
@@ -62,15 +62,15 @@ class BatchController(Controller):
     async def submit(
             self, request: Request, jobs: Jobs,
             schema_id: Annotated[str | None, QueryParameter(description="schema version id (UUID); " + _OPTION)] = None,
-            strategy: Annotated[str | None, QueryParameter(description=_OPTION, schema_extra={
-                "enum": [*STRATEGIES, None]})] = None,
-            draft_len: Annotated[int | None, QueryParameter(description=_OPTION, schema_extra={
-                "minimum": 0, "maximum": 64})] = None,
-            temperature: Annotated[float | None, QueryParameter(description=_OPTION, schema_extra={
-                "minimum": 0, "maximum": 10})] = None,
+            strategy: Annotated[str | None, QueryParameter(description=_OPTION,
+                                                           schema_extra=option_keywords("strategy"))] = None,
+            draft_len: Annotated[int | None, QueryParameter(description=_OPTION,
+                                                            schema_extra=option_keywords("draft_len"))] = None,
+            temperature: Annotated[float | None, QueryParameter(description=_OPTION,
+                                                                schema_extra=option_keywords("temperature"))] = None,
             seed: Annotated[int | None, QueryParameter(description=_OPTION)] = None,
-            max_tokens: Annotated[int | None, QueryParameter(description=_OPTION, schema_extra={
-                "minimum": 1, "maximum": 65536})] = None,
+            max_tokens: Annotated[int | None, QueryParameter(description=_OPTION,
+                                                             schema_extra=option_keywords("max_tokens"))] = None,
             verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None) -> BatchAccepted:
         # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
         data = await request.body()
@@ -92,7 +92,7 @@ class BatchController(Controller):
     def results(self, batch_id: BatchId, jobs: Jobs) -> Stream:
         return Stream(jobs.batch_results(batch_id), media_type=NDJSON)
 
-    @post("/{batch_id:str}/cancel", sync_to_thread=True, status_code=200, summary="Cancel the batch's queued jobs",
+    @post("/{batch_id:str}/cancel", sync_to_thread=True, status_code=200, summary="Cancel the batch's unfinished jobs",
           responses=_errors(404))
     def cancel(self, batch_id: BatchId, jobs: Jobs) -> BatchRead:
         return jobs.cancel_batch(batch_id)

@@ -65,6 +65,10 @@ class JobRepository:
             .values(lease_until=utcnow() + timedelta(seconds=lease_s))
             .execution_options(synchronize_session=False)).rowcount
 
+    def held_ids(self, token: str) -> set[uuid.UUID]:
+        """Ids of the jobs `token` still holds (running under its lease)."""
+        return set(self.session.scalars(sa.select(J.id).where(J.lease_owner == token, J.status == "running")))
+
     def held(self, job_id: uuid.UUID, token: str) -> JobRecord | None:
         """The job, if `token` still holds it (not cancelled, not taken over)."""
         return self.session.scalars(sa.select(JobRecord).where(
@@ -122,10 +126,11 @@ class JobRepository:
             .values(status="cancelled", finished_at=utcnow(), lease_until=None, error="cancelled")
             .execution_options(synchronize_session=False)).rowcount == 1
 
-    def cancel_queued_in_batch(self, batch_id: uuid.UUID) -> int:
+    def cancel_unfinished_in_batch(self, batch_id: uuid.UUID) -> int:
+        """Every queued or running job of the batch -> cancelled, like `cancel` one by one."""
         return self.session.execute(
-            sa.update(JobRecord).where(J.batch_id == batch_id, J.status == "queued")
-            .values(status="cancelled", finished_at=utcnow(), error="cancelled")
+            sa.update(JobRecord).where(J.batch_id == batch_id, J.status.in_(("queued", "running")))
+            .values(status="cancelled", finished_at=utcnow(), lease_until=None, error="cancelled")
             .execution_options(synchronize_session=False)).rowcount
 
     # --- batch reads ---------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class Worker:
         return self
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
-        """Signal the whole group (solo pool: one process) and reap it."""
+        """Signal the whole group (one process: the engine and its task threads) and reap it."""
         if self.proc is None or self.proc.poll() is not None:
             return
         try:

@@ -113,6 +113,11 @@ def test_single_job_runs_on_a_worker_and_reports_result_stats_and_timings(stack)
                                            id=uuid.UUID(job["id"]).hex if "sqlite" in stack.settings.database_url
                                            else job["id"])
     assert (completions, attempts) == (1, 1)
+    [(stored,)] = stack.rows("SELECT options FROM jobs WHERE id = :id",
+                             id=uuid.UUID(job["id"]).hex if "sqlite" in stack.settings.database_url else job["id"])
+    assert (json.loads(stored) if isinstance(stored, str) else stored) == {  # RequestOptions.as_dict()
+        "strategy": "schema", "draft_len": 4, "temperature": 0.0, "seed": None,
+        "max_tokens": stack.settings.max_tokens, "verbatim": False}
 
 
 def test_wait_answers_200_with_the_finished_job_and_registers_an_inline_schema(stack):
@@ -253,9 +258,11 @@ def test_submit_errors_are_4xx_in_the_error_shape(stack):
     err = assert_error(c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d",
                                                        "options": {"draft_len": -1}}), 422)
     assert err["errors"][0]["path"] == "/options/draft_len"
+    assert err["detail"] == "invalid option: draft_len must be between 0 and 64, not -1"
     err = assert_error(c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d",
                                                        "options": {"strategy": "psychic"}}), 422)
     assert err["errors"][0]["path"] == "/options/strategy"
+    assert err["errors"][0]["message"] == "strategy must be one of auto, none, schema, ngram, composite, not 'psychic'"
     err = assert_error(c.post("/v1/extractions", json={"schema": {"type": "strin"}, "document": "d"}), 422)
     assert err["errors"][0]["source"] == "schema" and err["errors"][0]["path"] == "/type"
     assert_error(c.post("/v1/extractions", json={"document": "d"}), 422)
@@ -333,24 +340,49 @@ def test_broker_unreachable_at_submit_is_503_and_stores_nothing(stack):
 
 # --- fault tolerance: last, it replaces the module's worker ---------------------------------
 
-def test_batch_survives_a_worker_killed_mid_run_and_every_job_completes_exactly_once(stack):
+# Long enough outputs (a 40-60 character string) that many jobs are in the engine at once.
+LONG_SCHEMA = {"type": "object",
+               "properties": {"note": {"type": "string", "minLength": 40, "maxLength": 60},
+                              "label": {"enum": ["a", "b", "c"]}},
+               "required": ["note", "label"]}
+
+
+def test_batch_survives_a_worker_killed_mid_step_with_8_jobs_running_and_each_completes_once(stack):
+    """The batched worker decodes the jobs of several messages in one engine; SIGKILL with at
+    least 8 of them in the engine (claimed and started, not finished) loses none and runs none twice."""
+    schema_id = stack.client.post("/v1/schemas", json={"name": "long", "schema": LONG_SCHEMA}).json()["id"]
     n = 40
-    r = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id,
+    r = stack.client.post("/v1/batches", json={"schema_id": schema_id, "options": {"max_tokens": 96},
                                                "documents": [{"document": f"doc {i}"} for i in range(n)]})
     batch_id = r.json()["id"]
-    poll(lambda: 3 <= stack.client.get(f"/v1/batches/{batch_id}").json()["counts"]["succeeded"] < n,
-         timeout=JOB_TIMEOUT, interval=0.05, what="the batch to be under way", worker=stack.worker)
-    stack.worker.kill()  # SIGKILL mid-batch: its claimed chunk is left `running`
+    bid = uuid.UUID(batch_id)
+    key = bid.hex if "sqlite" in stack.settings.database_url else bid
+
+    def in_engine() -> int:
+        return stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b AND status = 'running' "
+                          "AND started_at IS NOT NULL", b=key)[0][0]
+
+    def queued() -> int:
+        return stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b AND status = 'queued'", b=key)[0][0]
+
+    # Every job claimed first: a message fetched but not yet claimed at the kill is lost on the
+    # embedded broker (issue 16's open gap: nothing re-publishes a `queued` job), which is not
+    # what this test is about.
+    seen = poll(lambda: (k := in_engine()) >= 8 and queued() == 0 and k, timeout=JOB_TIMEOUT, interval=0.02,
+                what="8 jobs running together in the worker's engine, none left queued", worker=stack.worker)
+    stack.worker.kill()  # SIGKILL mid-step: every job in the engine is left `running`
     mid = stack.client.get(f"/v1/batches/{batch_id}").json()
     assert mid["counts"]["succeeded"] < n, "the batch finished before the kill; nothing was tested"
+    assert in_engine() >= 8, f"{seen} were running at the poll, fewer at the kill"
 
     stack.worker.start()
     batch = stack.wait_batch(batch_id)
     assert batch["status"] == "succeeded" and batch["counts"]["succeeded"] == n, batch
-    bid = uuid.UUID(batch_id)
-    rows = stack.rows("SELECT completions, attempts, status FROM jobs WHERE batch_id = :b",
-                      b=bid.hex if "sqlite" in stack.settings.database_url else bid)
+    rows = stack.rows("SELECT completions, attempts, status FROM jobs WHERE batch_id = :b", b=key)
     assert len(rows) == n
     assert all(c == 1 and s == "succeeded" for c, _, s in rows), rows
+    assert sum(a > 1 for _, a, _ in rows) >= 8  # the killed ones ran again, once
     results = stack.results(batch_id)
-    assert [x["id"] for x in results] == list(range(n)) and all(valid(x["result"]) for x in results)
+    assert [x["id"] for x in results] == list(range(n))
+    for x in results:
+        jsonschema.validate(x["result"], LONG_SCHEMA)

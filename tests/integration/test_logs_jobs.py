@@ -35,9 +35,12 @@ def worker_here(settings, tiny_model, monkeypatch):
     """worker.tasks with the test's database and the tiny model, in this process."""
     from worker import tasks
 
-    monkeypatch.setattr(tasks, "PROCESS", tasks._Process())
+    process = tasks._Process()
+    monkeypatch.setattr(tasks, "PROCESS", process)
     monkeypatch.setattr(tasks.app, "structspec_settings", replace(settings, model=tiny_model, torch_threads=1))
-    return tasks
+    yield tasks
+    if process._loop is not None:
+        process._loop.stop()
 
 
 @pytest.fixture
@@ -78,7 +81,7 @@ def test_lifecycle_records_carry_job_and_schema_ids_and_no_document(client, sess
     def crash(*_args, **_kw):  # a library error that quotes its input (the whole document)
         raise RuntimeError(f"cannot handle {DOCUMENT!r}")
 
-    monkeypatch.setattr(tasks.PROCESS.engine(tasks.app.structspec_settings), "extract", crash)
+    monkeypatch.setattr(tasks.PROCESS.loop(tasks.app.structspec_settings).engine, "submit", crash)
     assert tasks.run_jobs([crashed]) == {"claimed": 1, "stored": 1}
 
     orphan = submit(client, sid)  # claimed by a worker that died: its lease has run out

@@ -49,7 +49,23 @@ def test_bad_option_value(capsys, tmp_path):
     doc = tmp_path / "d.txt"
     doc.write_text("x")
     code, err = run_cli(capsys, "extract", "--schema", str(schema), str(doc), "--draft-len", "999")
-    assert code == 2 and "draft_len must be between 0 and 64" in err
+    assert code == 2 and "structspec: error: --draft-len must be between 0 and 64, not 999\n" in err
+
+
+def test_bad_option_value_names_the_flag_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    import structspec.cli as cli
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: pytest.fail("the model was loaded"))
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object"}))
+    doc = tmp_path / "d.txt"
+    doc.write_text("x")
+    code, err = run_cli(capsys, "extract", "--schema", str(schema), str(doc), "--strategy", "none",
+                        "--max-tokens", "0")
+    assert code == 2 and "structspec: error: --max-tokens must be between 1 and 65536, not 0\n" in err
+    code, err = run_cli(capsys, "extract", "--schema", str(schema), str(doc), "--strategy", "none",
+                        "--temperature", "11")
+    assert code == 2 and "structspec: error: --temperature must be between 0 and 10, not 11.0\n" in err
 
 
 def test_auto_strategy_learns_in_the_local_database(capsys, monkeypatch, tmp_path, tiny_engine):

@@ -27,10 +27,10 @@ from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
 from structspec.db.repositories import SchemaRepository
 from structspec.logs import preview
+from structspec.options import OptionError, RequestOptions
 
 log = logging.getLogger(__name__)
 
-OPTION_NAMES = ("strategy", "draft_len", "temperature", "seed", "max_tokens", "verbatim")
 WAIT_POLL_S = 0.1
 RESULTS_PAGE = 500
 
@@ -58,11 +58,11 @@ class JobService:
         with self.session_factory.begin() as session:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
                                                              document=data.document,
-                                                             options=options)])
+                                                             options=options.as_dict())])
         self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
                       what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
-                                         "strategy": options["strategy"], "document_chars": len(data.document)})
+                                         "strategy": options.strategy, "document_chars": len(data.document)})
         return JobAccepted(id=job_id, status="queued")
 
     def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
@@ -120,6 +120,7 @@ class JobService:
                 [ErrorItem(path="/documents", message=f"{len(entries)} > {limit}", source="body")])
         schema_id = self._resolve_schema(schema_id_text, None)
         options = self.resolve_options(options_in)
+        stored = options.as_dict()
         rows, rejected = [], []
         checked = [(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries]
         fine = [raw["document"] for _, raw, problem in checked if not problem]
@@ -130,7 +131,7 @@ class JobService:
                 rejected.append(Rejected(line=n, message=problem))
                 continue
             doc_id = raw.get("id", n - 1)
-            rows.append(dict(tenant=self.tenant, schema_id=schema_id, document=raw["document"], options=options,
+            rows.append(dict(tenant=self.tenant, schema_id=schema_id, document=raw["document"], options=stored,
                              position=len(rows), doc_id=msgspec.json.encode(doc_id).decode()))
         if not rows:
             raise UnprocessableError("no valid document in the batch", [
@@ -138,14 +139,14 @@ class JobService:
                 for r in rejected[:100]])
         with self.session_factory.begin() as session:
             batch = BatchRepository(session).add(tenant=self.tenant, schema_id=schema_id, total=len(rows),
-                                                 options=options)
+                                                 options=stored)
             for row in rows:
                 row["batch_id"] = batch.id
             ids = JobRepository(session).add_many(rows)
         self._publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
                       what={"batch_id": batch.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(batch.id), "schema_id": str(schema_id),
-                                           "tenant": self.tenant, "strategy": options["strategy"], "jobs": len(rows),
+                                           "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),
                                            "rejected": len(rejected)})
         return BatchAccepted(id=batch.id, total=len(rows), rejected=rejected)
 
@@ -177,7 +178,7 @@ class JobService:
 
         with self.session_factory.begin() as session:
             batch = self._batch(session, batch_id)
-            cancelled = JobRepository(session).cancel_queued_in_batch(batch.id)
+            cancelled = JobRepository(session).cancel_unfinished_in_batch(batch.id)
             log.info("batch cancelled", extra={"batch_id": str(batch.id), "schema_id": str(batch.schema_id),
                                                "cancelled_jobs": cancelled})
             if batch.cancelled_at is None:
@@ -204,31 +205,17 @@ class JobService:
 
     # --- shared --------------------------------------------------------------------------------
 
-    def resolve_options(self, given: JobOptions | None) -> dict[str, Any]:
-        """Options with server defaults filled in, checked by the engine's own rules (422 naming
-        the option)."""
-        from structspec.engine.engine import ExtractOptions
-
-        s = self.settings
-        given_opts = {k: v for k, v in msgspec.structs.asdict(given).items() if v is not None} if given else {}
-        strategy = given_opts.get("strategy", s.job_strategy)
-        # auto: the worker picks (strategy, draft_len) per job; a given draft_len fixes k
-        default_len = None if strategy == "auto" else s.draft_len
-        opts = {"strategy": strategy, "draft_len": default_len, "temperature": 0.0, "seed": None,
-                "max_tokens": s.max_tokens, "verbatim": False}
-        opts.update(given_opts)
+    def resolve_options(self, given: JobOptions | None) -> RequestOptions:
+        """`given` with the server's defaults filled in (strategy: job_strategy), checked: a bad
+        option is a 422 naming it. Under auto an unset draft_len stays unset (the worker picks k)."""
+        values = msgspec.structs.asdict(given) if given else {}
+        if values.get("strategy") is None:
+            values["strategy"] = self.settings.job_strategy
         try:
-            check = dict(opts)
-            if check["strategy"] == "auto":  # the engine knows no "auto"; check the other options
-                check.update(strategy="composite", draft_len=s.draft_len if opts["draft_len"] is None
-                             else opts["draft_len"])
-            ExtractOptions(**check).check()
-        except ValueError as e:
-            e = ValueError(str(e).replace("strategy must be one of ", "strategy must be auto or one of "))
-            name = next((n for n in OPTION_NAMES if n in str(e)), "")
+            return RequestOptions.from_dict(values).with_defaults(self.settings).check()
+        except OptionError as e:
             raise UnprocessableError(f"invalid option: {e}", [
-                ErrorItem(path=f"/options/{name}" if name else "/options", message=str(e), source="body")]) from None
-        return opts
+                ErrorItem(path=f"/options/{e.option}", message=str(e), source="body")]) from None
 
     def _resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None) -> uuid.UUID:
         if (schema_id is None) == (inline is None):
