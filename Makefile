@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-kernels clean
+.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-batch bench-kernels clean
 
 install: $(STAMP)
 
@@ -54,6 +54,12 @@ bench-auto: install
 # the embedded broker); fails on any error or unfinished job. Not part of `make test`.
 bench-load: install
 	$(PY) -m structspec.cli bench load --jobs 200 --max-tokens 64 --threads 1 --out bench-out/load-sqlite.json
+
+# the batched engine against one sequence at a time: DeepJSONEval (a, skipped without the
+# dataset), a real server + worker (b), throughput against engine_max_seqs (c), prefix cache (d),
+# engine overhead (e), a small KV budget (f); ~35 min on this 2-core CPU. Not part of `make test`.
+bench-batch: install
+	$(PY) -m structspec.cli bench batch --dataset ../shared/data/deepjsoneval_en.jsonl --threads 1 --out bench-out
 
 bench-kernels: install
 	$(PY) -m kernels.bench

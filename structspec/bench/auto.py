@@ -21,8 +21,9 @@ from collections import Counter
 from tqdm import tqdm
 
 from structspec.bench.strategies import load_dataset, write_report
-from structspec.engine.engine import Engine, ExtractOptions
+from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong
+from structspec.options import RequestOptions
 from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import PROPOSING, Selector, SelectorConfig
 
@@ -90,13 +91,12 @@ def run_auto_bench(args, engine: Engine) -> int:
     records: list[dict] = []
     choices: Counter = Counter()
     warm, measured = rows[:args.warmup], rows[args.warmup:]
-    engine.decoder.memo_prefill = True  # every arm of a document shares one prefill
     t0 = time.perf_counter()
 
     def run(row, strategy: str, k: int):
-        return engine.extract(row["schema"], row["text"],
-                              ExtractOptions(strategy=strategy, draft_len=k, max_tokens=args.max_tokens,
-                                             verbatim=args.verbatim))
+        return engine.extract(row["schema"], row["text"],  # every arm of a document shares one prefill
+                              RequestOptions(strategy=strategy, draft_len=k, max_tokens=args.max_tokens,
+                                             verbatim=args.verbatim), reuse_prompt=True)
 
     def run_auto(row):
         choice = selector.choose(stats.views(args.verbatim), rng)

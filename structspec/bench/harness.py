@@ -30,11 +30,11 @@ from typing import Any
 from tqdm import tqdm
 
 from structspec.bench.strategies import field_accuracy, load_dataset, write_report
-from structspec.engine.engine import Engine, ExtractOptions
+from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong, build_prompt
-from structspec.engine.proposers import STRATEGIES
 from structspec.grammar import validate_instance
 from structspec.grammar.normalize import close_objects
+from structspec.options import STRATEGIES, RequestOptions
 from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import Selector, SelectorConfig
 
@@ -131,7 +131,8 @@ class StructspecSystem:
         if self.stats is not None:
             choice = self.selector.choose(self.stats.views(self.verbatim), self.rng)
             strategy, k = choice.strategy, choice.draft_len
-        res = self.engine.extract(row["schema"], row["text"], ExtractOptions(
+        self.engine.clear_prefix_cache()  # end-to-end times include every system's own prefill
+        res = self.engine.extract(row["schema"], row["text"], RequestOptions(
             strategy=strategy, draft_len=k, max_tokens=self.max_tokens, verbatim=self.verbatim))
         stats = res.stats.as_dict()
         if self.stats is not None:
@@ -337,7 +338,6 @@ def run_harness(args, engine: Engine) -> int:
     except (OSError, ValueError) as e:
         print(f"structspec: error: {e}", file=sys.stderr)
         return 2
-    engine.decoder.memo_prefill = False  # end-to-end times include every system's own prefill
     warm, measured = rows[:args.warmup], rows[args.warmup:]
     learners = [s for s in systems if getattr(s, "stats", None) is not None]
     records: list[dict] = []

@@ -192,12 +192,77 @@ def poll_until_finished(http, ids: list[str], deadline: float, check, interval: 
     return state
 
 
-def run_load_bench(args) -> int:
-    import httpx
+class Service:
+    """`structspec serve` and one `structspec worker` as subprocesses on loopback, with an API
+    key of a tenant of its own: `with Service(...) as svc:` gives `svc.http`, an httpx client
+    that sends the key. SQLite + the embedded broker in a temporary directory unless URLs are
+    given; `env` adds worker/server settings (e.g. STRUCTSPEC_ENGINE_MAX_SEQS)."""
 
-    say = lambda msg: print(f"bench load: {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    data_dir = Path(tempfile.mkdtemp(prefix="structspec-load-"))
-    port = free_port()
+    def __init__(self, *, database_url: str | None = None, broker_url: str | None = None, threads: int | None = None,
+                 rate_limit: int = 0, worker_concurrency: int | None = None, env: dict[str, str] | None = None,
+                 timeout: float = 1800, request_timeout: float = 120, connections: int = 100,
+                 keep_logs: str | None = None, log_prefix: str = "load", say=None):
+        self.say = say or (lambda msg: print(f"bench load: {msg}", file=sys.stderr, flush=True))
+        self.data_dir = Path(tempfile.mkdtemp(prefix="structspec-load-"))
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.label = stack_label(database_url, broker_url)
+        self.deadline = time.monotonic() + timeout
+        self.worker_concurrency, self.request_timeout, self.connections = worker_concurrency, request_timeout, connections
+        self.keep_logs, self.log_prefix = keep_logs, log_prefix
+        self.env = service_env(self.data_dir, database_url, broker_url, threads, rate_limit, env or {})
+        self.children = Children(self.env, self.data_dir)
+        self.http = None
+
+    def __enter__(self) -> "Service":
+        import httpx
+
+        self._previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            self.say(f"{self.label}; data in {self.data_dir}; API on {self.base}")
+            # Every request goes through auth with a key of its own tenant, as in production.
+            created = subprocess.run([sys.executable, "-m", "structspec.cli", "keys", "create", "--name", "bench-load",
+                                      "--tenant", f"load-{uuid.uuid4().hex[:8]}"], cwd=ROOT, env=self.env,
+                                     capture_output=True, text=True, timeout=300)
+            if created.returncode != 0:
+                raise RuntimeError(f"structspec keys create failed: {created.stderr.strip()[-2000:]}")
+            auth = {"authorization": f"Bearer {created.stdout.split()[-1]}"}
+            self.children.start("server", "serve", "--port", str(self.port))
+            _wait(lambda: _healthy(httpx, self.base), self.children, self.deadline, "the API to become healthy")
+            self.children.start("worker", "worker", *(["--concurrency", str(self.worker_concurrency)]
+                                                      if self.worker_concurrency else []))
+            limits = httpx.Limits(max_connections=self.connections, max_keepalive_connections=self.connections)
+            self.http = httpx.Client(base_url=self.base, timeout=self.request_timeout, limits=limits, headers=auth)
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def run_one(self, schema_id: str, document: str, options: dict) -> dict:
+        """Submit one job and wait for it (warm-up); its last state."""
+        r = self.http.post("/v1/extractions", json={"schema_id": schema_id, "document": document, "options": options})
+        r.raise_for_status()
+        job_id = r.json()["id"]
+        return poll_until_finished(self.http, [job_id], self.deadline, self.children.check, interval=0.5)[job_id]
+
+    def __exit__(self, *exc) -> None:
+        self.say("stopping the worker and the API")
+        if self.http is not None:
+            self.http.close()
+        self.children.stop_all()
+        signal.signal(signal.SIGTERM, self._previous)
+        if self.keep_logs:
+            for name in ("server", "worker"):
+                src = self.data_dir / f"{name}.log"
+                if src.exists():
+                    Path(self.keep_logs).mkdir(parents=True, exist_ok=True)
+                    shutil.copy(src, Path(self.keep_logs) / f"{self.log_prefix}-{name}.log")
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+def service_env(data_dir: Path, database_url: str | None, broker_url: str | None, threads: int | None,
+                rate_limit: int, extra: dict[str, str]) -> dict[str, str]:
+    """The children's environment: this one's, less every STRUCTSPEC_ setting but the model's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRUCTSPEC_") or k in (
         "STRUCTSPEC_MODEL", "STRUCTSPEC_DEVICE", "STRUCTSPEC_CACHE_DIR", "STRUCTSPEC_KERNEL_BACKEND",
         "STRUCTSPEC_GRAMMAR_BACKEND", "STRUCTSPEC_LOG_FORMAT")}
@@ -205,43 +270,33 @@ def run_load_bench(args) -> int:
                # a queue of our own: a shared Redis may carry other workers' queues
                STRUCTSPEC_JOB_QUEUE=f"structspec-load-{uuid.uuid4().hex[:8]}",
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    if args.database_url:
-        env["STRUCTSPEC_DATABASE_URL"] = args.database_url
-    if args.broker_url:
-        env["STRUCTSPEC_BROKER_URL"] = args.broker_url
-    if args.threads is not None:
-        env["STRUCTSPEC_TORCH_THREADS"] = str(args.threads)
-    # One client firing --jobs requests at once is what the per-client rate limit refuses (429
-    # past its burst); the limiter has its own tests, this measures the service behind it.
-    env["STRUCTSPEC_RATE_LIMIT_PER_MINUTE"] = str(args.rate_limit)
-    label = stack_label(args.database_url, args.broker_url)
-    children = Children(env, data_dir)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + args.timeout
+    if database_url:
+        env["STRUCTSPEC_DATABASE_URL"] = database_url
+    if broker_url:
+        env["STRUCTSPEC_BROKER_URL"] = broker_url
+    if threads is not None:
+        env["STRUCTSPEC_TORCH_THREADS"] = str(threads)
+    # One client firing many requests at once is what the per-client rate limit refuses (429
+    # past its burst); the limiter has its own tests, the benchmarks measure the service behind it.
+    env["STRUCTSPEC_RATE_LIMIT_PER_MINUTE"] = str(rate_limit)
+    env.update(extra)
+    return env
+
+
+def run_load_bench(args) -> int:
+    say = lambda msg: print(f"bench load: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     options = {"max_tokens": args.max_tokens, **({"strategy": args.strategy} if args.strategy else {})}
     try:
-        say(f"{label}; data in {data_dir}; API on {base}")
-        # Every request goes through auth with a key of its own tenant, as in production.
-        created = subprocess.run([sys.executable, "-m", "structspec.cli", "keys", "create", "--name", "bench-load",
-                                  "--tenant", f"load-{uuid.uuid4().hex[:8]}"], cwd=ROOT, env=env,
-                                 capture_output=True, text=True, timeout=300)
-        if created.returncode != 0:
-            raise RuntimeError(f"structspec keys create failed: {created.stderr.strip()[-2000:]}")
-        auth = {"authorization": f"Bearer {created.stdout.split()[-1]}"}
-        children.start("server", "serve", "--port", str(port))
-        _wait(lambda: _healthy(httpx, base), children, deadline, "the API to become healthy")
-        children.start("worker", "worker", "--concurrency", str(args.worker_concurrency))
-        limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=args.concurrency)
-        with httpx.Client(base_url=base, timeout=args.request_timeout, limits=limits, headers=auth) as http:
+        with Service(database_url=args.database_url, broker_url=args.broker_url, threads=args.threads,
+                     rate_limit=args.rate_limit, worker_concurrency=args.worker_concurrency, timeout=args.timeout,
+                     request_timeout=args.request_timeout, connections=args.concurrency, keep_logs=args.keep_logs,
+                     say=say) as svc:
+            http, label = svc.http, svc.label
             r = http.post("/v1/schemas", json={"name": "load-order", "schema": SCHEMA})
             r.raise_for_status()
             schema_id = r.json()["id"]
             say("warm-up job (the worker loads the model)")
-            warm = http.post("/v1/extractions", json={"schema_id": schema_id, "document": documents(1, 99)[0],
-                                                      "options": options})
-            warm.raise_for_status()
-            poll_until_finished(http, [warm.json()["id"]], deadline, children.check)
+            svc.run_one(schema_id, documents(1, 99)[0], options)
             docs = documents(args.jobs, args.seed)
             say(f"firing {len(docs)} submissions from {args.concurrency} threads")
             subs = fire(http, schema_id, docs, options, args.concurrency)
@@ -249,41 +304,30 @@ def run_load_bench(args) -> int:
             last_submit = max(s["t0"] + s["latency_s"] for s in subs)
             ids = [s["id"] for s in subs if s["ok"]]
             say(f"{len(ids)} accepted, {len(subs) - len(ids)} errors; waiting for the jobs")
-            jobs = poll_until_finished(http, ids, deadline, children.check, say=say)
-        finishes = [_epoch(j["finished_at"]) for j in jobs.values() if j.get("finished_at")]
-        summary = summarize(subs, jobs, first_submit, last_submit, max(finishes, default=None))
-        summary.update(stack=label, concurrency=args.concurrency, jobs_requested=args.jobs,
-                       max_tokens=args.max_tokens, strategy=args.strategy or "server default",
-                       worker_concurrency=args.worker_concurrency, rate_limit_per_minute=args.rate_limit,
-                       auth="Bearer key",
-                       strategies_used=_count(j.get("stats", {}) and j["stats"].get("strategy") for j in jobs.values()),
-                       failure_samples=[j.get("error") for j in jobs.values() if j["status"] == "failed"][:5])
-        print(markdown(summary, label), flush=True)
-        if args.out:
-            out = Path(args.out)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"summary": summary, "submissions": subs,
-                                       "jobs": {k: {f: v.get(f) for f in ("status", "created_at", "finished_at",
-                                                                          "error", "timings", "stats")}
-                                                for k, v in jobs.items()}}, indent=1, default=str))
-            say(f"wrote {out}")
-        ok = summary["errors"] == 0 and summary["all_finished"]
-        say("PASS: zero errors, every job finished" if ok else "FAIL: errors or unfinished jobs")
-        return 0 if ok else 1
+            jobs = poll_until_finished(http, ids, svc.deadline, svc.children.check, say=say)
     except KeyboardInterrupt:
         say("interrupted")
         return 130
-    finally:
-        say("stopping the worker and the API")
-        children.stop_all()
-        signal.signal(signal.SIGTERM, previous)
-        if args.keep_logs:
-            for name in ("server", "worker"):
-                src = data_dir / f"{name}.log"
-                if src.exists():
-                    Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
-                    shutil.copy(src, Path(args.keep_logs) / f"load-{name}.log")
-        shutil.rmtree(data_dir, ignore_errors=True)
+    finishes = [_epoch(j["finished_at"]) for j in jobs.values() if j.get("finished_at")]
+    summary = summarize(subs, jobs, first_submit, last_submit, max(finishes, default=None))
+    summary.update(stack=label, concurrency=args.concurrency, jobs_requested=args.jobs,
+                   max_tokens=args.max_tokens, strategy=args.strategy or "server default",
+                   worker_concurrency=args.worker_concurrency, rate_limit_per_minute=args.rate_limit,
+                   auth="Bearer key",
+                   strategies_used=_count(j.get("stats", {}) and j["stats"].get("strategy") for j in jobs.values()),
+                   failure_samples=[j.get("error") for j in jobs.values() if j["status"] == "failed"][:5])
+    print(markdown(summary, label), flush=True)
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"summary": summary, "submissions": subs,
+                                   "jobs": {k: {f: v.get(f) for f in ("status", "created_at", "finished_at",
+                                                                      "error", "timings", "stats")}
+                                            for k, v in jobs.items()}}, indent=1, default=str))
+        say(f"wrote {out}")
+    ok = summary["errors"] == 0 and summary["all_finished"]
+    say("PASS: zero errors, every job finished" if ok else "FAIL: errors or unfinished jobs")
+    return 0 if ok else 1
 
 
 def _count(values) -> dict[str, int]:

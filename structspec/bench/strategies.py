@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from structspec.engine.engine import Engine, ExtractOptions
-from structspec.engine.proposers import STRATEGIES
+from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong
+from structspec.options import STRATEGIES, RequestOptions
 
 
 def load_dataset(path: str, limit: int, max_chars: int = 0) -> list[dict]:
@@ -141,15 +141,14 @@ def run_strategy_bench(args, engine: Engine) -> int:
         print(f"structspec: error: {e}", file=sys.stderr)
         return 2
     records: list[dict] = []
-    engine.decoder.memo_prefill = True  # every strategy of a document shares one prefill
     t0 = time.perf_counter()
     with tqdm(total=len(rows) * len(systems), desc="bench", unit="run", file=sys.stderr) as bar:
         for row in rows:
             for strategy, verbatim in systems:  # interleaved: noise hits every system alike
-                opts = ExtractOptions(strategy=strategy, draft_len=args.draft_len, max_tokens=args.max_tokens,
+                opts = RequestOptions(strategy=strategy, draft_len=args.draft_len, max_tokens=args.max_tokens,
                                       verbatim=verbatim)
-                try:
-                    res = engine.extract(row["schema"], row["text"], opts)
+                try:  # every strategy of a document shares one prefill (decode time is compared)
+                    res = engine.extract(row["schema"], row["text"], opts, reuse_prompt=True)
                 except DocumentTooLong as e:
                     bar.write(f"skip {row.get('id')}: {e}")
                     bar.update(len(systems))
