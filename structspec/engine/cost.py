@@ -13,8 +13,7 @@ strategy; a position the proposer left empty counted as a rejection there, so th
 cautious for proposers that often draft nothing). The marginal gain of a sequence's (i+1)-th
 draft token, prod_{j<=i} c_b[j], never grows with i, so the best plan with m draft tokens in
 all takes the m largest gains across the batch; the step tries every m, so a cost curve that
-is not linear (on this CPU a 2-row pass costs about as much as a 9-row one) is followed as
-measured. With one sequence this is the per-schema choice (argmax_k E(k) / cost(1 + k)).
+is not linear is followed as measured (docs/benchmarks.md shows the curves learnt on a CPU). With one sequence this is the per-schema choice (argmax_k E(k) / cost(1 + k)).
 """
 
 from __future__ import annotations
@@ -36,12 +35,17 @@ def _bucket(n: int) -> int:
 class PassCostCurve:
     """Seconds per forward pass against the rows in it, for a given number of sequences in it,
     learnt from the passes the engine runs (exponential moving average per (sequences, rows)
-    bucket). A pass costs by its rows *and* by its sequences: on a CPU each sequence adds
-    attention over its whole context (16 sequences x 1 row cost about 1.8x one sequence's
-    16-row draft at 1.3k tokens of context), so the curve for the batch at hand is used. Within
-    it cost is read as non-decreasing in rows (measurements are noisy; a pass with more rows
-    is never cheaper), linear between buckets, extended by the prior's slope past the last.
-    Only decode passes are recorded: prefill chunks cost differently per row."""
+    bucket). A pass costs by its rows *and* by its sequences: each sequence adds attention over
+    its whole context, so 16 sequences x 1 row cost more than one sequence's 16-row draft
+    (docs/benchmarks.md, part (e)); the curve for the batch at hand is used. Within it,
+    cost is read linearly between measured buckets, as measured: on a CPU a pass of a few
+    rows can cost more than one of more rows (matrix kernels pick their method by shape), so
+    no monotonic shape is imposed. Past the last measured bucket it grows by the prior's
+    slope. Only decode passes are recorded: prefill chunks cost differently per row.
+
+    A bucket is corrected only when the engine runs a pass of that size, so a plan that an
+    overestimate rules out would never be measured again; `choose_draft_lens(explore=True)`
+    (every EXPLORE_EVERY-th decode step) tries the next larger bucket to keep the curve honest."""
 
     prior_fixed_s: float = 0.05
     prior_row_s: float = 0.01
@@ -70,17 +74,12 @@ class PassCostCurve:
         return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
 
     def _curve(self, seqs: int) -> list[tuple[int, float]]:
-        """(rows, seconds) measured with the nearest measured number of sequences, made
-        non-decreasing in rows (running maximum)."""
+        """(rows, seconds) measured with the nearest measured number of sequences, by rows."""
         counts = {b for b, _ in self._points}
         if not counts:
             return []
         near = min(counts, key=lambda b: (abs(math.log(b / seqs)), b))
-        out, top = [], 0.0
-        for rows in sorted(r for b, r in self._points if b == near):
-            top = max(top, self._points[(near, rows)])
-            out.append((rows, top))
-        return out
+        return [(rows, self._points[(near, rows)]) for rows in sorted(r for b, r in self._points if b == near)]
 
     def snapshot(self, seqs: int | None = None) -> dict:
         """The raw measurements: {sequences bucket: {rows bucket: seconds}}, or with `seqs`
@@ -104,13 +103,18 @@ def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     return total
 
 
+EXPLORE_EVERY = 8  # decode steps between two exploring plans (one rows bucket past the best)
+
+
 def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] | None], base_rows: int,
-                      cost: PassCostCurve, base_tokens: float | None = None) -> list[int]:
+                      cost: PassCostCurve, base_tokens: float | None = None, explore: bool = False) -> list[int]:
     """k per sequence. caps[b]: the most it may verify this step (the engine passes the length
     of the draft its proposer actually made); acceptance[b]: its curve, or None for a fixed-k
     sequence (gets caps[b]). base_rows: rows the pass has anyway (one per decoding sequence,
     the drafts of fixed sequences, prefill rows); base_tokens: tokens it emits anyway (one per
-    decoding sequence; default len(caps))."""
+    decoding sequence; default len(caps)). explore: verify the best plan's draft tokens plus
+    the next ones by gain up to the next rows bucket, so that bucket's cost gets measured
+    (draft lengths never change what is emitted, only how fast)."""
     ks = [cap if acc is None else 0 for cap, acc in zip(caps, acceptance)]
     rows = base_rows + sum(ks)
     gains: list[tuple[float, int]] = []  # (marginal expected tokens, sequence)
@@ -132,6 +136,11 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
         rate = total / cost(rows + m, seqs)
         if rate > best_rate * (1 + 1e-9):
             best_m, best_rate = m, rate
+    if explore and best_m < len(gains):
+        above = _bucket(rows + best_m) + 1  # the smallest row count in a larger bucket
+        while _bucket(above) == _bucket(rows + best_m):
+            above += 1
+        best_m = min(len(gains), above - rows)
     for _, b in gains[:best_m]:
         ks[b] += 1
     return ks

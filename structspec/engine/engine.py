@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from structspec.config import Settings
-from structspec.engine.cost import PassCostCurve, choose_draft_lens
+from structspec.engine.cost import EXPLORE_EVERY, PassCostCurve, choose_draft_lens
 from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_prompt
@@ -265,9 +265,10 @@ class Engine:
             kept.append(seq)
         adaptive = [s for s in kept if s.request.acceptance is not None and s.draft]
         if adaptive:
+            explore = self.metrics.decode_steps % EXPLORE_EVERY == EXPLORE_EVERY - 1
             ks = choose_draft_lens([len(s.draft) for s in adaptive], [s.request.acceptance for s in adaptive],
                                    base_rows + sum(len(s.draft) for s in kept if s not in adaptive), self.cost,
-                                   base_tokens=len(kept))
+                                   base_tokens=len(kept), explore=explore)
             for seq, k in zip(adaptive, ks):
                 if k < len(seq.draft):  # trimmed here: positions k.. were not offered to verification
                     seq.draft, seq.k = seq.draft[:k], k
