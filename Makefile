@@ -57,7 +57,7 @@ bench-load: install
 
 # the batched engine against one sequence at a time: DeepJSONEval (a, skipped without the
 # dataset), a real server + worker (b), throughput against engine_max_seqs (c), prefix cache (d),
-# engine overhead (e), a small KV budget (f); ~35 min on this 2-core CPU. Not part of `make test`.
+# engine overhead (e), a small KV budget (f); 23-35 min on this 2-core CPU, by load. Not part of `make test`.
 bench-batch: install
 	$(PY) -m structspec.cli bench batch --dataset ../shared/data/deepjsoneval_en.jsonl --threads 1 --out bench-out
 
