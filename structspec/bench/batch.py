@@ -48,8 +48,9 @@ from pathlib import Path
 import torch
 
 from structspec.bench import batch_report as rep
-from structspec.bench.load import Service, _epoch, fire, poll_until_finished
+from structspec.bench.load import Service, _count, _epoch, fire, poll_until_finished
 from structspec.bench.receipts import receipts
+from structspec.bench.strategies import load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request, refused
 from structspec.engine.prompt import build_prompt
@@ -73,13 +74,7 @@ def say(msg: str) -> None:
 
 def shortest_rows(path: str, n: int) -> list[dict]:
     """The n shortest documents of a JSONL dataset ({schema, text} per line), shortest first."""
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                if isinstance(row.get("schema"), dict) and isinstance(row.get("text"), str):
-                    rows.append(row)
+    rows = load_dataset(path, sys.maxsize)
     rows.sort(key=lambda r: len(r["text"]))
     return rows[:n]
 
@@ -254,7 +249,7 @@ def part_a(base: Engine, args) -> dict:
         "amdahl_e2e_bound_vs_auto1": rep.ratio(one["wall_s"], one["prefill_step_s"]),
     }
     return {"documents": [r.get("id") for r in docs], "doc_chars": [len(r["text"]) for r in docs],
-            "warmup_arms": warm_arms, "auto_arms": dict(_count(p.arm for p in auto_plans)),
+            "warmup_arms": warm_arms, "auto_arms": _count(p.arm for p in auto_plans),
             "max_tokens": args.max_tokens, "batch": batch, "runs": runs, "pooled": pooled,
             "identical_to_auto1": identical, "verdicts": verdicts}
 
@@ -333,7 +328,7 @@ def run_single_posts(svc: Service, schema_id: str, docs: list[str], options: dic
     finished = [j for j in jobs.values() if j.get("finished_at")]
     return {"submitted": len(subs), "errors": sum(not s["ok"] for s in subs), "first_submit": min(s["t0"] for s in subs),
             "last_finish": max((_epoch(j["finished_at"]) for j in finished), default=None),
-            "statuses": dict(_count(j["status"] for j in jobs.values())),
+            "statuses": _count(j["status"] for j in jobs.values()),
             "stats": [j.get("stats") or {} for j in finished],
             "error_samples": [j.get("error") for j in jobs.values() if j.get("error")][:3]}
 
@@ -358,7 +353,7 @@ def server_summary(name: str, *, submitted: int, errors: int, first_submit: floa
     return {"config": name, "submitted": submitted, "errors": errors, "finished": finished, "statuses": statuses,
             "wall_s": wall, "docs_per_min": round(finished / wall * 60, 2) if wall else None,
             "output_tokens": sum(s.get("output_tokens") or 0 for s in stats),
-            "strategies": dict(_count(s.get("strategy") for s in stats)), "error_samples": error_samples, **extra}
+            "strategies": _count(s.get("strategy") for s in stats), "error_samples": error_samples, **extra}
 
 
 def pool_server(runs: list[dict], name: str) -> dict:
@@ -447,7 +442,7 @@ def part_c(cached: CachedReceipts, args) -> dict:
         p["vs_none_same_seqs"] = rep.ratio(p["decode_tok_s"], by[("none", p["max_seqs"])]["decode_tok_s"])
         p["vs_auto_at_1"] = rep.ratio(p["decode_tok_s"], by[("auto", one)]["decode_tok_s"])
     return {"receipts": len(cached.rows), "max_tokens": cached.max_tokens, "warmup_arms": cached.warm_arms,
-            "auto_arms": dict(_count(p.arm for p in cached.auto_plans)), "runs": runs, "pooled": pooled,
+            "auto_arms": _count(p.arm for p in cached.auto_plans), "runs": runs, "pooled": pooled,
             "cost_curve": {str(b): {str(r): v for r, v in rows.items()}
                            for b, rows in cached.engine.cost.snapshot().items()}}
 
@@ -774,10 +769,6 @@ def md_f(f: dict) -> str:
           "yes" if f["all_complete"] else "**no**", f"{f['peak_kv_bytes'] / MiB:.1f}",
           "yes" if f["peak_within_budget"] else "**no**", f"{f['peak_rss_before_mib']:.0f} -> {f['peak_rss_mib']:.0f}",
           f"{f['wall_s']:.1f}"]])
-
-
-def _count(values) -> Counter:
-    return Counter(v for v in values if v is not None)
 
 
 def write(out: Path, result: dict) -> None:

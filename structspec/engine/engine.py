@@ -36,12 +36,12 @@ from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
 from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
-from structspec.options import RequestOptions
+from structspec.options import SPECS, RequestOptions
 
 log = logging.getLogger(__name__)
 
 MiB = 1024 * 1024
-MAX_DRAFT = 64  # options.SPECS["draft_len"].maximum: bitmask rows per sequence are MAX_DRAFT + 1
+MAX_DRAFT = int(SPECS["draft_len"].maximum)  # bitmask rows per sequence are MAX_DRAFT + 1
 
 __all__ = ["Engine", "EngineMetrics", "ExtractResult", "Request", "RequestStats", "RequestTooLarge"]
 
@@ -89,7 +89,6 @@ class Engine:
         # Masks are filled on the host; pinned, the copy to the GPU is one asynchronous transfer per step.
         self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self._schema_prompts: OrderedDict[str, list[int]] = OrderedDict()
-        self._done: dict[str, ExtractResult] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Engine":

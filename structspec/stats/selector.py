@@ -24,8 +24,8 @@ Model, per schema and proposer strategy s:
          pseudo-passes that make the line grow with n.
 Pick argmax_{s,k} E / t with c_i sampled from its posterior (Thompson) or at its mean (the
 point estimate shown by the stats endpoint). `none` is the arm (none, 0): E = 1.
-The chosen strategy's posterior means c_0..c_{k-1} (`Selector.acceptance`) go to the engine,
-which picks each step's k by them when the batch is large.
+For an `auto` job the chosen strategy's c_0..c_{k-1} (`Selector.acceptance`: a Thompson draw
+seeded by the job) go to the engine, which picks each step's k by them and the batch's pass cost.
 """
 
 from __future__ import annotations
@@ -201,8 +201,7 @@ class Selector:
             return out
         n = max(ks)
         for s in cfg.strategies:
-            c = [rng.betavariate(alpha, beta) if rng is not None else mean
-                 for alpha, beta, mean in self._posteriors(arms, s, n)]
+            c = self.acceptance(arms, s, n, rng)
             q = drafted_shares(arms, s, n)
             for k in ks:
                 out.append((Choice(s, k), expected_tokens_per_pass(c, k) / cost(s, sum(q[:k]))))
