@@ -210,8 +210,7 @@ class Engine:
         now = time.perf_counter()
         for seq in sched.admit():
             seq.stats.queued_s = now - seq.submitted_at
-        prefill = sched.prefill_work()
-        decoding = sched.decoding()
+        prefill, decoding = self._isolate_suspect(sched.prefill_work(), sched.decoding())
         if not prefill and not decoding:
             return done + [self._finish(s, None) for s in list(sched.running) if s.stop_reason]
         t0 = time.perf_counter()
@@ -225,12 +224,22 @@ class Engine:
             logits = self.runner.forward(packed.inputs)
             t2 = time.perf_counter()
             emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend) if decoding else []
-        except Exception as e:  # the whole step failed: fail its sequences, keep the engine
-            log.exception("engine step failed (%d sequences)", len(decoding) + len(prefill))
-            for seq in [*decoding, *(s for s, _ in prefill)]:
-                done.append(self._fail(seq, e))
+        except Exception as e:  # the whole step failed: find the sequence that made it fail
+            members = [*decoding, *(s for s, _ in prefill)]
+            if len(members) == 1:
+                done.append(self._fail(members[0], e))
+                return done
+            log.warning("engine step over %d sequences failed (%s: %s); stepping each alone to find the cause",
+                        len(members), type(e).__name__, preview(e))
+            for seq in decoding:  # as if this step never ran: grammar and KV back to before it
+                seq.matcher.rollback(len(seq.draft))
+            for seq in members:
+                seq.slot.rollback(seq.slot.length - seq.cached)
+                seq.suspect = True
             return done
         t3 = time.perf_counter()
+        for seq in [*decoding, *(s for s, _ in prefill)]:
+            seq.suspect = False  # it stepped without error (alone, if it was a suspect)
         for seq, n in prefill:
             sched.prefilled(seq, n)
         for b, seq in enumerate(decoding):
@@ -247,6 +256,16 @@ class Engine:
         self._account(packed, prefill, decoding, step_s, t2 - t1, t3 - t2)
         done += [self._finish(s, None) for s in list(sched.running) if s.stop_reason]
         return done
+
+    @staticmethod
+    def _isolate_suspect(prefill: list[tuple[Sequence, int]], decoding: list[Sequence]):
+        """While sequences from a failed step are suspect, the step runs the first of them
+        that has work alone: one that fails then is failed, the others resume batching after
+        one clean step. (None with work: the others step without them.)"""
+        suspect = next((s for s in [*decoding, *(s for s, _ in prefill)] if s.suspect), None)
+        if suspect is None:
+            return prefill, decoding
+        return [(s, n) for s, n in prefill if s is suspect], [s for s in decoding if s is suspect]
 
     def _draft(self, decoding: list[Sequence], base_rows: int, done: list[ExtractResult]) -> list[Sequence]:
         """Every decoding sequence proposes up to its cap; the drafts of adaptive (`auto`)

@@ -2,7 +2,8 @@
 
 Sequences wait in arrival order until a slot fits the KV budget beside the running ones
 (never an out-of-memory crash: admission waits; a request that could never fit is refused
-naming both numbers). Prefill is chunked: each step computes at most `prefill_chunk` prompt
+naming both numbers). A request marked `isolate` runs alone: it waits for the running
+sequences to finish, and nothing joins it until it ends. Prefill is chunked: each step computes at most `prefill_chunk` prompt
 tokens in all, alongside every decoding sequence's rows, so one long document never stalls
 the others for its whole prompt. A prompt's shared prefix (instruction + schema) is taken
 from the prefix cache when there; when several admitted sequences share a prefix that is not
@@ -51,10 +52,13 @@ class Scheduler:
     # --- admission -------------------------------------------------------------------------
 
     def admit(self) -> list[Sequence]:
-        """Give waiting sequences a slot while sequences and budget allow (arrival order)."""
+        """Give waiting sequences a slot while sequences and budget allow (arrival order). An
+        `isolate` request waits for the running ones to finish, then runs alone."""
         admitted = []
         while self.waiting and len(self.running) < self.max_seqs:
             seq = self.waiting[0]
+            if self.running and (seq.request.isolate or self.running[0].request.isolate):
+                break
             slot = self.kv.allocate(seq.capacity(self.context_len))
             if slot is None:
                 break  # the budget is full of running sequences: wait for one to finish

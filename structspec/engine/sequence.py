@@ -32,6 +32,9 @@ class Request:
     # keep this prompt's KV for later requests with the same prompt (benchmarks running one
     # document under several strategies); otherwise only the schema's shared prefix is kept
     reuse_prompt: bool = False
+    # decode this request with no other sequence in the engine (a job retried after its worker
+    # died: if the document is what crashes the process, it takes no neighbour with it)
+    isolate: bool = False
 
 
 @dataclass
@@ -148,6 +151,9 @@ class Sequence:
         self.margins: list[float] | None = [] if request.trace else None
         self.stop_reason: str | None = None
         self.cancelled = False
+        # in a step that raised beside other sequences: it steps alone until one step succeeds
+        # (Engine.step), so a poisoned document is found and failed, and only it
+        self.suspect = False
         self.stats = RequestStats(strategy=opts.strategy, draft_len=self.draft_len, verbatim=verbatim,
                                   prompt_tokens=len(prompt))
         self.submitted_at = time.perf_counter()

@@ -469,6 +469,59 @@ def test_a_failing_proposer_fails_only_its_request(tiny_normal_loaded, reference
     assert engine.kv.reserved_bytes == 0
 
 
+def test_a_document_whose_forward_pass_raises_is_isolated_failed_alone_and_the_others_finish(
+        tiny_normal_loaded, references):
+    """A poisoned sequence makes the whole batched step raise (a hook in the runner, from its
+    third output token on): the step's sequences then step alone until each has one clean
+    step, so the poisoned one fails alone and the others finish exactly as without it."""
+    rows = deepjsoneval_rows(6)
+    others = ordinary_requests(rows[1:])
+    poison = Request(bounded(rows[0]["schema"]), rows[0]["text"], options("composite"))
+    engine = batched_engine(tiny_normal_loaded, engine_max_seqs=8)
+    real_forward, raised_beside = engine.runner.forward, []
+
+    def forward(inputs):
+        seq = engine.scheduler.find(poison.id)
+        if seq is not None and len(seq.out) >= 2 and any(g.slot is seq.slot for g in inputs.segments):
+            raised_beside.append(len(inputs.segments) - 1)
+            raise RuntimeError("poisoned forward pass")
+        return real_forward(inputs)
+
+    engine.runner.forward = forward
+    [bad, *results] = engine.run([poison, *others])
+    assert bad.status == "error" and "poisoned forward pass" in bad.error
+    assert raised_beside[0] > 0, "the poison never failed a batched step; nothing was isolated"
+    assert raised_beside[-1] == 0 and len(raised_beside) == 2, raised_beside  # then failed alone, once
+    tally = Tally()
+    for r, res in zip(others, results):
+        tally.check(references(r.schema, r.document, r.options), res, f"{r.options.strategy} beside a poison")
+    print(f"\nbeside a poisoned document: {tally}")
+    assert engine.kv.reserved_bytes == 0 and not any(s.suspect for s in engine.scheduler.running)
+
+
+def test_an_isolate_request_waits_for_the_running_ones_and_decodes_alone(tiny_normal_loaded, references):
+    rows = deepjsoneval_rows(5)
+    requests = ordinary_requests(rows)
+    alone = Request(requests[2].schema, requests[2].document, requests[2].options, isolate=True)
+    requests[2] = alone
+    engine = batched_engine(tiny_normal_loaded, engine_max_seqs=8)
+    real_forward, beside = engine.runner.forward, []
+
+    def forward(inputs):
+        seq = engine.scheduler.find(alone.id)
+        if seq is not None and seq.slot is not None and any(g.slot is seq.slot for g in inputs.segments):
+            beside.append(len(inputs.segments) - 1)
+        return real_forward(inputs)
+
+    engine.runner.forward = forward
+    results = engine.run(requests)
+    assert beside and set(beside) == {0}, beside  # every step it took part in, it was alone
+    tally = Tally()
+    for r, res in zip(requests, results):
+        tally.check(references(r.schema, r.document, r.options), res, f"{r.options.strategy} (isolate={r.isolate})")
+    assert engine.kv.reserved_bytes == 0
+
+
 def test_a_cancelled_request_ends_cancelled_and_the_others_go_on(tiny_normal_loaded, references):
     rows = deepjsoneval_rows(6)
     requests = ordinary_requests(rows)
