@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from structspec.config import Settings
+from structspec.config import Settings, SettingsError
 from structspec.options import AUTO, JOB_STRATEGIES, OPTION_NAMES, SPECS, OptionError, RequestOptions
 
 
@@ -323,11 +323,18 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_worker(args) -> int:
-    """Run a Celery worker on STRUCTSPEC_BROKER_URL: one process, one engine. Task threads (the
-    threads pool) claim their message's jobs and hand them to the engine loop, so the jobs of
-    `concurrency` messages decode together; SIGKILL takes the process and its jobs with it, and
-    the lease/redelivery machinery brings them back. More processes: start more workers."""
+    """Run a Celery worker on STRUCTSPEC_BROKER_URL. Threads pool (default): one process, one
+    engine; task threads claim their message's jobs and hand them to the engine loop, so the
+    jobs of `concurrency` messages decode together. Prefork pool: `concurrency` processes, each
+    with its own engine fed one message at a time. SIGKILL takes a process and its jobs with
+    it, and the lease/reaper machinery brings them back."""
     from celery.signals import setup_logging as celery_setup_logging
 
     from structspec.logs import setup_logging
@@ -341,17 +348,23 @@ def cmd_worker(args) -> int:
     def _logging(loglevel=None, **_):  # a receiver replaces Celery's own logging set-up
         setup_logging(settings.log_format, loglevel or logging.INFO)
 
-    # Enough messages in flight to keep the engine full even when each carries one job (single
-    # POSTs); a batch's messages carry job_chunk_size jobs, which wait in the engine's queue.
-    threads = args.concurrency or settings.engine_max_seqs + 1
+    if args.pool == "threads":
+        # Enough messages in flight to keep the engine full even when each carries one job (single
+        # POSTs); a batch's messages carry job_chunk_size jobs, which wait in the engine's queue.
+        concurrency, processes = args.concurrency or settings.engine_max_seqs + 1, 0
+    else:
+        concurrency = processes = args.concurrency or 2
+        if settings.device != "cpu" and _cuda_available():
+            raise CliError("--pool prefork shares a model loaded before the fork, which CUDA cannot do; use the "
+                           "threads pool (one worker per GPU) or STRUCTSPEC_DEVICE=cpu")
     try:  # before connecting to the broker: a worker without a model takes no job
-        prepare_model(settings)
+        prepare_model(settings, processes)
     except Exception as e:
         raise CliError(f"worker cannot load model {settings.model!r}: {' '.join(str(e).split())[:1000]}; "
                        "not consuming jobs (they stay queued)") from e
     # --quiet: no start-up banner on stdout (it is not a log line, and not JSON)
     quiet = ["--quiet"] if settings.log_format == "json" else []  # a `celery` option, before `worker`
-    argv = [*quiet, "worker", "--pool=threads", f"--concurrency={threads}",
+    argv = [*quiet, "worker", f"--pool={args.pool}", f"--concurrency={concurrency}",
             f"--queues={settings.job_queue}", f"--loglevel={args.loglevel}",
             "--without-gossip", "--without-mingle", "--without-heartbeat"]
     if args.hostname:
@@ -584,9 +597,13 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Consume extraction jobs from the broker, load the model once per process, "
                                    "store results in STRUCTSPEC_DATABASE_URL. Also re-queues jobs whose worker "
                                    "died (lease expired), at start and every job_lease_s/2 seconds.")
+    p.add_argument("--pool", choices=("threads", "prefork"), default="threads",
+                   help="threads: one process whose task threads feed one engine (default); prefork: "
+                        "--concurrency processes, each with an engine fed one message at a time (CPU only)")
     p.add_argument("--concurrency", "-c", type=int, default=0,
-                   help="messages run at once by task threads feeding the one engine (default: "
-                        "STRUCTSPEC_ENGINE_MAX_SEQS + 1, enough to keep it full with one job per message)")
+                   help="threads pool: messages run at once by task threads feeding the one engine (default: "
+                        "STRUCTSPEC_ENGINE_MAX_SEQS + 1, enough to keep it full with one job per message); "
+                        "prefork pool: processes (default 2)")
     p.add_argument("--loglevel", default="INFO")
     p.add_argument("--hostname", help="Celery node name (default celery@HOST)")
     p.set_defaults(func=cmd_worker)
@@ -631,13 +648,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    try:
+        parser = build_parser()  # reads the environment for its defaults
+    except SettingsError as e:
+        print(f"structspec: error: {e}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except CliError as e:
+    except (CliError, SettingsError) as e:
         parser.exit(2, f"structspec: error: {e}\n")
     except KeyboardInterrupt:
         return 130

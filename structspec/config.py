@@ -16,6 +16,10 @@ def _default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "structspec"
 
 
+class SettingsError(ValueError):
+    """A setting's value cannot be used; the message names its environment variable."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob, with its environment variable `STRUCTSPEC_<NAME>` (upper case)."""
@@ -73,6 +77,13 @@ class Settings:
     # the Redis visibility timeout: an unacked message comes back after this many seconds.
     job_lease_s: int = 300
     job_chunk_size: int = 8  # job ids per Celery message; amortises per-task overhead in batches
+    # A job whose lease ran out this many times with no result (its worker died, or could not
+    # reach the database for a whole lease) fails, naming the cause, instead of running again.
+    job_max_attempts: int = 3
+    # A job still `queued` this long after its message was published, while the broker's queue
+    # is empty, lost its message (the API died before publishing, a broker lost it): the
+    # reaper publishes it again. Duplicates are harmless (the claim is conditional).
+    job_republish_after_s: int = 60
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
     # Strategy selection (structspec/stats). Jobs and batches default to `job_strategy`;
@@ -84,6 +95,9 @@ class Settings:
     stats_seed: int = 0  # mixed with the job id: a job's choice is reproducible
 
     def __post_init__(self) -> None:
+        for name in ("job_max_attempts", "job_lease_s"):
+            if getattr(self, name) < 1:
+                raise SettingsError(f"STRUCTSPEC_{name.upper()} must be at least 1, not {getattr(self, name)}")
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()
         # keeps resolved URLs, so pass database_url/broker_url="" when replacing data_dir.
         if not self.database_url:
@@ -130,5 +144,5 @@ def _parse(name: str, type_name: str, raw: str):
                 return False
             raise ValueError(raw)
     except ValueError:
-        raise ValueError(f"STRUCTSPEC_{name.upper()}={raw!r} is not a valid {type_name}") from None
+        raise SettingsError(f"STRUCTSPEC_{name.upper()}={raw!r} is not a valid {type_name}") from None
     return raw

@@ -55,16 +55,36 @@ def chunks(ids: Sequence[uuid.UUID], size: int) -> Iterable[list[str]]:
         yield [str(x) for x in ids[i:i + size]]
 
 
-def enqueue(app: Celery, ids: Sequence[uuid.UUID]) -> None:
-    """Publish `ids` as run_jobs messages of up to job_chunk_size ids each, over one connection,
-    failing (kombu/redis OperationalError, OSError) within about submit_timeout_s when the
-    broker is unreachable."""
+def enqueue(app: Celery, ids: Sequence[uuid.UUID], chunk_size: int | None = None) -> None:
+    """Publish `ids` as run_jobs messages of up to `chunk_size` (default job_chunk_size) ids
+    each, over one connection, failing (kombu/redis OperationalError, OSError) within about
+    submit_timeout_s when the broker is unreachable."""
     settings: Settings = app.structspec_settings
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
                                timeout=settings.submit_timeout_s)
-        for chunk in chunks(ids, settings.job_chunk_size):
+        for chunk in chunks(ids, chunk_size or settings.job_chunk_size):
             app.send_task(RUN_JOBS, args=[chunk], queue=settings.job_queue, retry=False, connection=conn)
 
 
+def queue_depth(app: Celery) -> int:
+    """Messages waiting in the job queue (not those a worker has taken); 0 when the queue does
+    not exist (yet, or no longer: Redis drops an empty list). Raises like `enqueue` when the
+    broker is unreachable."""
+    settings: Settings = app.structspec_settings
+    with app.connection_for_read() as conn:
+        conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=settings.submit_timeout_s)
+        channel = conn.channel()
+        try:
+            return channel.queue_declare(queue=settings.job_queue, passive=True).message_count
+        except conn.channel_errors:
+            return 0
+        finally:
+            try:
+                channel.close()
+            except Exception:
+                pass
+
+
 app = make_celery(Settings.from_env())
+

@@ -6,8 +6,15 @@ message's jobs and hand them to that loop, so the jobs of several messages decod
 one batch; each task stores its jobs' outcomes as they finish and is acked after the last
 (acks_late). Tasks get ids, never ORM objects, and are idempotent: a job that is finished,
 cancelled or held by a live lease is skipped, so redelivered or duplicated messages are
-harmless. A worker killed mid-step loses no job: its leases run out and the reaper re-queues
-them, and its unacked messages come back.
+harmless. Claim, start and store retry through transient database errors (db/retry.py).
+
+The reaper (every worker runs one) is what guarantees that every job ends:
+  - a job whose lease ran out (its worker died) is re-queued and published again, or failed
+    once it has had STRUCTSPEC_JOB_MAX_ATTEMPTS attempts;
+  - a job still `queued` long after its message was published, while the broker's queue is
+    empty, lost its message and is published again.
+It runs in each worker rather than in Celery beat: no extra process to deploy (or to lose),
+and the conditional UPDATEs let any number of reapers run at once.
 """
 
 from __future__ import annotations
@@ -17,16 +24,18 @@ import threading
 import time
 import traceback
 import uuid
+from contextlib import contextmanager
 from concurrent.futures import Future, as_completed
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from celery import Task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from structspec.config import Settings
 from structspec.db.columns import utcnow
 from structspec.db.jobs import JobRepository
+from structspec.db.retry import is_transient, retrying
 from structspec.db.stats import StatsRepository
 from structspec.db.repositories import SchemaRepository
 from structspec.db.session import make_engine, make_session_factory
@@ -34,7 +43,7 @@ from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.stats.resolve import InFlight, acceptance_curve, resolve_options
-from worker.app import RUN_JOBS, app, enqueue
+from worker.app import RUN_JOBS, app, enqueue, queue_depth
 
 log = logging.getLogger("structspec.worker")
 
@@ -44,26 +53,43 @@ LOGGED_STATS = ("strategy", "draft_len", "output_tokens", "target_passes", "acce
 
 class _Process:
     """What one worker process holds: the engine (stepped by its own thread, fed by every task
-    thread) and a database session factory."""
+    thread) and a database session factory.
+
+    With the prefork pool (`forking`) the parent builds the engine with one torch thread (no
+    thread pool exists yet, so forking is safe) and each child starts its own loop over its
+    copy of it after the fork (`after_fork`); the weights are shared copy-on-write."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._engine = None
         self._loop = None
         self._sessions = None
+        self.forking = False
+        self.torch_threads = 0  # prefork: threads each child uses (0: torch's default)
+
+    def engine(self, settings: Settings):
+        with self._lock:
+            return self._engine_locked(settings)
+
+    def _engine_locked(self, settings: Settings):
+        if self._engine is None:
+            from structspec.engine.engine import Engine
+
+            if not self.forking:
+                settings.apply_torch_threads()
+            log.info("loading model %r", settings.model)
+            self._engine = Engine.from_settings(settings)
+            log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB",
+                     "batched" if self._engine.batched else "one sequence per forward pass (model cannot batch)",
+                     self._engine.scheduler.max_seqs, settings.engine_kv_budget_mb)
+        return self._engine
 
     def loop(self, settings: Settings):
         with self._lock:
             if self._loop is None:
-                from structspec.engine.engine import Engine
                 from structspec.engine.loop import EngineLoop
 
-                settings.apply_torch_threads()
-                log.info("loading model %r", settings.model)
-                engine = Engine.from_settings(settings)
-                log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB",
-                         "batched" if engine.batched else "one sequence per forward pass (model cannot batch)",
-                         engine.scheduler.max_seqs, settings.engine_kv_budget_mb)
-                self._loop = EngineLoop(engine)
+                self._loop = EngineLoop(self._engine_locked(settings))
             return self._loop
 
     def sessions(self, settings: Settings):
@@ -72,16 +98,38 @@ class _Process:
                 self._sessions = make_session_factory(make_engine(settings.database_url))
             return self._sessions
 
+    def after_fork(self, settings: Settings) -> None:
+        """In a prefork child: nothing of the parent's threads or connections is used."""
+        self._lock = threading.Lock()
+        self._loop = self._sessions = None
+        if self.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.torch_threads)
+        self.loop(settings)
+
 
 PROCESS = _Process()
 IN_FLIGHT = InFlight()  # this process's auto jobs chosen but not recorded yet (probes spread over a batch)
 
 
-def prepare_model(settings: Settings) -> None:
-    """Before the worker consumes anything: load the model and start the engine loop in this
-    process. Raises ModelLoadError naming the model, so a worker that cannot run jobs never
-    takes one."""
-    PROCESS.loop(settings)
+def prepare_model(settings: Settings, processes: int = 0) -> None:
+    """Before the worker consumes anything: load the model, and (threads pool, `processes` 0)
+    start the engine loop in this process. Raises ModelLoadError naming the model, so a worker
+    that cannot run jobs never takes one. With a prefork pool of `processes` children: build
+    the engine with one torch thread and leave a loop to each child, with
+    `settings.torch_threads` threads or an equal share of the cores."""
+    if not processes:
+        PROCESS.loop(settings)
+        return
+    import os
+
+    import torch
+
+    PROCESS.forking = True
+    PROCESS.torch_threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // processes)
+    torch.set_num_threads(1)
+    PROCESS.engine(settings)
 
 
 class JobTask(Task):
@@ -92,36 +140,114 @@ class JobTask(Task):
         return self.app.structspec_settings
 
 
+class Isolation:
+    """A job on a later attempt (its lease ran out before: most often its worker died) runs
+    alone in this process: while it runs, no task thread claims anything, and the engine
+    admits it only once the sequences ahead of it have finished (Request.isolate). If it is
+    the document that crashes the process, the crash costs an attempt to it and to no other
+    job, so STRUCTSPEC_JOB_MAX_ATTEMPTS fails the culprit and never its neighbours."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._busy = False
+
+    @contextmanager
+    def claiming(self):
+        """Claims (and the start of what they claimed) one at a time, never while a retried
+        job runs."""
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            yield self
+
+    def hold(self) -> None:
+        self._busy = True  # inside `claiming`
+
+    def release(self) -> None:
+        with self._cond:
+            self._busy = False
+            self._cond.notify_all()
+
+
+ISOLATION = Isolation()
+
+
 @app.task(name=RUN_JOBS, base=JobTask, bind=True, acks_late=True, reject_on_worker_lost=True,
           ignore_result=True)
 def run_jobs(self: JobTask, job_ids: list[str]) -> dict[str, int]:
-    """Run a chunk of jobs. They join the process's engine loop beside the jobs of the other
-    task threads, so several messages decode in one batch. Returns counts (for logs)."""
+    """Run a chunk of jobs. First attempts join the process's engine loop beside the jobs of
+    the other task threads, so several messages decode in one batch; later attempts run
+    alone, one at a time (Isolation). Returns counts (for logs)."""
     settings = self.settings
     sessions = PROCESS.sessions(settings)
     ids = [uuid.UUID(i) for i in job_ids]
     token = uuid.uuid4().hex
-    with sessions.begin() as session:
-        claimed = JobRepository(session).claim(ids, token, settings.job_lease_s)
-    log.info("claimed %d of %d job(s)", len(claimed), len(ids),
-             extra={"job_ids": [str(i) for i in claimed], "skipped_ids": [str(i) for i in ids if i not in claimed]})
-    if not claimed:
-        return {"claimed": 0, "stored": 0}
-    loop = PROCESS.loop(settings)
-    stored = 0
-    with LeaseKeeper(sessions, token, settings.job_lease_s) as keeper:
-        running: dict[Future, Started] = {}
-        for job_id in claimed:
-            started = start_job(sessions, settings, job_id, token)
-            if isinstance(started, Started):
-                future = loop.submit(started.request)
-                keeper.watch(job_id, lambda rid=started.request.id: loop.cancel(rid))
-                running[future] = started
-            else:
-                stored += started
-        for future in as_completed(running):
-            stored += finish_job(sessions, settings, running[future], future, token)
+
+    def claim() -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        with sessions.begin() as session:
+            repo = JobRepository(session)
+            claimed = repo.claim(ids, token, settings.job_lease_s)
+            return claimed, repo.retried(claimed)
+
+    retried: list[uuid.UUID] = []
+    keeper = None
+    try:
+        with ISOLATION.claiming():
+            try:
+                claimed, retried = retrying(claim, what=f"claiming {len(ids)} job(s)", budget_s=settings.job_lease_s)
+            except Exception as e:  # the message is acked; the jobs stay queued and the reaper publishes them again
+                log.error("could not claim %d job(s), they stay queued (the reaper publishes them again): %s",
+                          len(ids), preview(e), extra={"job_ids": job_ids})
+                return {"claimed": 0, "stored": 0}
+            log.info("claimed %d of %d job(s)", len(claimed), len(ids),
+                     extra={"job_ids": [str(i) for i in claimed],
+                            "skipped_ids": [str(i) for i in ids if i not in claimed]})
+            if not claimed:
+                return {"claimed": 0, "stored": 0}
+            if retried:
+                ISOLATION.hold()
+            keeper = LeaseKeeper(sessions, token, settings.job_lease_s).start()
+            running, stored = submit_jobs(sessions, settings, [j for j in claimed if j not in retried], token, keeper)
+        stored += finish_jobs(sessions, settings, running, token)
+        for job_id in retried:  # alone, one after the other
+            more, done = submit_jobs(sessions, settings, [job_id], token, keeper)
+            stored += done + finish_jobs(sessions, settings, more, token)
+    finally:
+        if keeper is not None:
+            keeper.stop()
+        if retried:
+            ISOLATION.release()
     return {"claimed": len(claimed), "stored": stored}
+
+
+def submit_jobs(sessions, settings: Settings, job_ids: list[uuid.UUID], token: str,
+                keeper: "LeaseKeeper") -> tuple[dict[Future, "Started"], int]:
+    """Start held jobs and hand them to the engine loop: ({future: job}, jobs that ended at
+    the start and were stored). A job whose start cannot reach the database is left to its
+    lease (the reaper re-queues it)."""
+    loop = PROCESS.loop(settings)
+    running: dict[Future, Started] = {}
+    stored = 0
+    for job_id in job_ids:
+        try:
+            started = retrying(lambda: start_job(sessions, settings, job_id, token),
+                               what=f"starting job {job_id}", budget_s=settings.job_lease_s)
+        except Exception as e:
+            log.error("could not start the job; it runs again once its lease runs out: %s", preview(e),
+                      extra={"job_id": str(job_id)})
+            continue
+        if isinstance(started, Started):
+            future = loop.submit(started.request)
+            keeper.watch(job_id, lambda rid=started.request.id: loop.cancel(rid))
+            running[future] = started
+        else:
+            stored += started
+    return running, stored
+
+
+def finish_jobs(sessions, settings: Settings, running: dict[Future, "Started"], token: str) -> int:
+    """Store each job's outcome as it finishes; returns how many were stored."""
+    return sum(finish_job(sessions, settings, running[f], f, token) for f in as_completed(running))
 
 
 @dataclass
@@ -169,7 +295,9 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
                 if auto and opts.strategy != "none" and opts.draft_len:
                     acceptance = acceptance_curve(session, settings, schema_id, opts.strategy, opts.draft_len,
                                                   verbatim=verbatim, job_id=job_id)
-        except Exception:  # never strand a job on the selector: fall back to the fixed default
+        except Exception as e:  # never strand a job on the selector: fall back to the fixed default
+            if is_transient(e):  # the database, not the selector: retry the whole start (run_jobs)
+                raise
             log.exception("strategy selection failed; using %s", settings.strategy, extra=fields)
             opts = opts.replace(strategy=settings.strategy,
                                 draft_len=settings.draft_len if opts.draft_len is None else opts.draft_len)
@@ -178,7 +306,10 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
                                    "attempt": attempt, "queued_s": queued_s, "document_chars": len(document)})
     from structspec.engine.sequence import Request
 
-    request = Request(schema, document, opts, id=str(job_id), acceptance=acceptance)
+    # A later attempt follows a lost lease, most often a worker that died: decode it alone, so
+    # a document that crashes the process takes no neighbour with it (and uses up none of
+    # their attempts).
+    request = Request(schema, document, opts, id=str(job_id), acceptance=acceptance, isolate=attempt > 1)
     in_flight = (schema_id, verbatim, opts.strategy) if auto else None
     if in_flight:
         IN_FLIGHT.begin(*in_flight)
@@ -186,15 +317,30 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
 
 
 def finish_job(sessions, settings: Settings, job: Started, future: Future, token: str) -> int:
-    """Store a job's outcome and its stats together; 1 if stored, 0 if cancelled/taken over."""
+    """Store a job's outcome and its stats together; 1 if stored, 0 if cancelled/taken over
+    (or the database stayed unavailable: then the job runs again after its lease)."""
     outcome = outcome_of(future, job.fields)
     duration_s = round(time.monotonic() - job.started, 4)
-    try:
+    tries = []
+
+    def store() -> bool:
         with sessions.begin() as session:
-            ok = JobRepository(session).store(job.job_id, token, **outcome)
+            repo = JobRepository(session)
+            if tries and repo.stored_by(job.job_id, token):  # the last try committed; its reply was lost
+                return True
+            tries.append(1)
+            ok = repo.store(job.job_id, token, **outcome)
             if ok and outcome.get("stats"):  # same transaction: a stored result and its stats commit together
                 StatsRepository(session).record(job.schema_id, outcome["stats"], half_life=settings.stats_half_life,
                                                 latency_s=(utcnow() - job.created_at).total_seconds())
+            return ok
+
+    try:
+        ok = retrying(store, what=f"storing job {job.job_id}", budget_s=settings.job_lease_s)
+    except Exception as e:
+        log.error("could not store the job's outcome; it runs again once its lease runs out: %s", preview(e),
+                  extra=job.fields)
+        ok = False
     finally:
         if job.in_flight:  # recorded (or never to be): no longer pending
             IN_FLIGHT.end(*job.in_flight)
@@ -239,7 +385,7 @@ def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any]:
 
 
 class LeaseKeeper:
-    """Renews the leases held by `token` every lease/3 seconds while the block runs, so a long
+    """Renews the leases held by `token` every lease/3 seconds from start() to stop(), so a long
     job is never mistaken for one whose worker died; a watched job that is no longer held
     (cancelled through the API, or taken over) gets its callback, which stops it in the engine."""
 
@@ -254,11 +400,11 @@ class LeaseKeeper:
         with self._lock:
             self._watched[job_id] = on_lost
 
-    def __enter__(self) -> "LeaseKeeper":
+    def start(self) -> "LeaseKeeper":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
 
@@ -269,8 +415,8 @@ class LeaseKeeper:
                     repo = JobRepository(session)
                     repo.renew(self.token, self.lease_s)
                     held = repo.held_ids(self.token)
-            except Exception:
-                log.exception("lease renewal failed")
+            except Exception as e:  # transient: the next round tries again (a lease outlives two misses)
+                log.warning("lease renewal failed: %s", preview(e))
                 continue
             with self._lock:
                 lost = [(j, cb) for j, cb in self._watched.items() if j not in held]
@@ -280,30 +426,61 @@ class LeaseKeeper:
                 on_lost()
 
 
-# --- reaper: re-queue jobs whose worker died --------------------------------------------------
+# --- reaper: every job ends ------------------------------------------------------------------
 
 def reap(settings: Settings, sessions) -> int:
-    """Re-queue and re-publish jobs still `running` past their lease; returns how many. Send
-    happens before commit, so a failed publish leaves them as they were for the next round."""
+    """One round: re-queue and re-publish jobs still `running` past their lease, fail those
+    out of attempts, and re-publish stranded `queued` jobs. Publishing happens before the
+    commit, so a failed publish leaves the jobs as they were for the next round. Returns how
+    many jobs were re-published or failed."""
     token = "reaper-" + uuid.uuid4().hex[:16]
     with sessions.begin() as session:
         repo = JobRepository(session)
-        ids, refs = repo.requeue_expired(token), {}
-        if ids:
-            enqueue(app, ids)
-            refs = repo.refs(ids)
+        requeued, failed = repo.requeue_expired(token, settings.job_max_attempts, settings.job_lease_s)
+        if requeued:
+            enqueue(app, requeued, chunk_size=1)  # each runs alone (Isolation): one per message
+        refs = repo.refs(requeued + failed)
+    for job_id in requeued:
+        log.warning("job re-queued: its lease expired (worker lost)", extra=_ref_fields(job_id, refs))
+    for job_id in failed:
+        log.error("job failed: its lease expired %d times (worker lost each time)", settings.job_max_attempts,
+                  extra={**_ref_fields(job_id, refs), "status": "failed"})
+    if requeued:
+        log.warning("re-queued %d job(s) whose lease expired", len(requeued), extra={"count": len(requeued)})
+    return len(requeued) + len(failed) + republish_stranded(settings, sessions)
+
+
+def republish_stranded(settings: Settings, sessions) -> int:
+    """Publish again the `queued` jobs whose message went out more than job_republish_after_s
+    ago, but only while the broker's queue is empty: with a backlog their messages are most
+    likely still waiting in it, and publishing copies would only grow it. (A copy of a message
+    that was not lost after all is harmless: its claim finds the job taken or finished.)"""
+    if queue_depth(app) > 0:
+        return 0
+    token = "reaper-" + uuid.uuid4().hex[:16]
+    with sessions.begin() as session:
+        repo = JobRepository(session)
+        first, later = repo.claim_stranded(token, settings.job_republish_after_s)
+        if first:
+            enqueue(app, first)
+        if later:
+            enqueue(app, later, chunk_size=1)  # each runs alone (Isolation): one per message
+        ids = first + later
+        refs = repo.refs(ids)
     for job_id in ids:
-        schema_id, batch_id = refs.get(job_id, (None, None))
-        log.warning("job re-queued: its lease expired (worker lost)",
-                    extra={"job_id": str(job_id), "schema_id": str(schema_id),
-                           **({"batch_id": str(batch_id)} if batch_id else {})})
-    if ids:
-        log.warning("re-queued %d job(s) whose lease expired", len(ids), extra={"count": len(ids)})
+        log.warning("job published again: still queued %d s after its message went out, with the queue empty "
+                    "(message lost)", settings.job_republish_after_s, extra=_ref_fields(job_id, refs))
     return len(ids)
 
 
+def _ref_fields(job_id: uuid.UUID, refs: dict) -> dict[str, str]:
+    schema_id, batch_id = refs.get(job_id, (None, None))
+    return {"job_id": str(job_id), "schema_id": str(schema_id), **({"batch_id": str(batch_id)} if batch_id else {})}
+
+
 class Reaper:
-    """Runs `reap` at worker start and then every lease/2 seconds (at least 1 s)."""
+    """Runs `reap` at worker start and then every min(job_lease_s, job_republish_after_s) / 2
+    seconds (at least 1 s)."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -318,7 +495,7 @@ class Reaper:
 
     def _run(self) -> None:
         sessions = make_session_factory(make_engine(self.settings.database_url))
-        interval = max(self.settings.job_lease_s / 2, 1.0)
+        interval = max(min(self.settings.job_lease_s, self.settings.job_republish_after_s) / 2, 1.0)
         while True:
             try:
                 reap(self.settings, sessions)
@@ -337,7 +514,14 @@ def _on_ready(sender=None, **_) -> None:
     settings = app.structspec_settings
     _REAPER = Reaper(settings)
     _REAPER.start()
-    PROCESS.loop(settings)  # loaded already by `structspec worker`; `celery worker` loads it here
+    if not PROCESS.forking:  # loaded already by `structspec worker`; `celery worker` loads it here
+        PROCESS.loop(settings)
+
+
+@worker_process_init.connect
+def _on_child(**_) -> None:
+    """A prefork pool's child process, just forked."""
+    PROCESS.after_fork(app.structspec_settings)
 
 
 @worker_shutdown.connect

@@ -33,3 +33,12 @@ class UTCDateTime(TypeDecorator):
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def database_now(session) -> datetime:
+    """The database's clock (UTC), so leases and queue times agree across worker and API hosts
+    whose clocks differ. PostgreSQL: its now() (the transaction's start). SQLite is a local
+    file with no server: this host's clock is the database's."""
+    if session.get_bind().dialect.name == "sqlite":
+        return utcnow()
+    return session.scalar(sa.select(sa.func.now())).astimezone(timezone.utc)

@@ -1,10 +1,13 @@
 """Jobs and batches: the SQL behind submission, claiming, storing and reaping.
 
 Exactly-once storage rests on two conditional UPDATEs:
-  claim  — queued, or running with an expired lease  ->  running, attempts+1, lease_owner=token
+  claim  — queued  ->  running, attempts+1, lease_owner=token, lease_until
   store  — only WHERE lease_owner = token AND status = 'running'; completions+1
-A worker whose lease was taken over (or whose job was cancelled) stores nothing. Like the
-other repositories these take a Session and never commit.
+A worker whose lease was taken over (or whose job was cancelled) stores nothing. A job whose
+lease ran out goes back to `queued` through `requeue_expired`, or fails there once it has
+had `max_attempts` attempts. Every
+time here is the database's clock (columns.database_now). Like the other repositories these
+take a Session and never commit.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any, Iterable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from structspec.db.columns import utcnow
+from structspec.db.columns import database_now
 from structspec.db.models import BatchRecord, JobRecord, TERMINAL_STATUSES
 
 J = JobRecord
@@ -31,8 +34,9 @@ class JobRepository:
 
     def add_many(self, rows: Iterable[dict[str, Any]]) -> list[uuid.UUID]:
         """Insert queued jobs (dicts of column values); returns their ids in order."""
-        now = utcnow()
-        records = [JobRecord(id=uuid.uuid4(), status="queued", attempts=0, completions=0, created_at=now, **r)
+        now = database_now(self.session)
+        records = [JobRecord(id=uuid.uuid4(), status="queued", attempts=0, completions=0, created_at=now,
+                             published_at=now, **r)
                    for r in rows]
         self.session.add_all(records)
         self.session.flush()
@@ -44,25 +48,34 @@ class JobRepository:
     # --- worker side -------------------------------------------------------------------------
 
     def claim(self, ids: Sequence[uuid.UUID], token: str, lease_s: float) -> list[uuid.UUID]:
-        """Take the claimable jobs among `ids` for `token`; returns those taken, in `ids` order."""
-        now = utcnow()
-        claimable = sa.or_(J.status == "queued", sa.and_(J.status == "running", J.lease_until < now))
-        result = self.session.execute(
+        """Take the `queued` jobs among `ids` for `token`; returns those taken, in `ids` order.
+        A job on a later attempt is taken only by a message of its own (the reaper sends it so),
+        never with others: it must run alone (worker/tasks.py, Isolation). A job whose lease
+        ran out comes back through the reaper (`requeue_expired`), which counts its attempts."""
+        now = database_now(self.session)
+        claimable = J.status == "queued" if len(ids) == 1 else sa.and_(J.status == "queued", J.attempts == 0)
+        self.session.execute(
             sa.update(JobRecord).where(J.id.in_(ids), claimable)
             .values(status="running", attempts=J.attempts + 1, lease_owner=token,
                     lease_until=now + timedelta(seconds=lease_s))
             .execution_options(synchronize_session=False))
-        if result.rowcount == 0:
-            return []
+        # Ours too when an earlier try of this claim committed but its reply was lost (db/retry.py).
         mine = set(self.session.scalars(sa.select(J.id).where(J.id.in_(ids), J.lease_owner == token,
                                                                J.status == "running")))
         return [i for i in ids if i in mine]
+
+    def retried(self, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
+        """Those of `ids` on a later attempt (an earlier lease ran out), in `ids` order."""
+        if not ids:
+            return []
+        later = set(self.session.scalars(sa.select(J.id).where(J.id.in_(ids), J.attempts > 1)))
+        return [i for i in ids if i in later]
 
     def renew(self, token: str, lease_s: float) -> int:
         """Extend every lease `token` still holds; returns how many."""
         return self.session.execute(
             sa.update(JobRecord).where(J.lease_owner == token, J.status == "running")
-            .values(lease_until=utcnow() + timedelta(seconds=lease_s))
+            .values(lease_until=database_now(self.session) + timedelta(seconds=lease_s))
             .execution_options(synchronize_session=False)).rowcount
 
     def held_ids(self, token: str) -> set[uuid.UUID]:
@@ -75,7 +88,7 @@ class JobRepository:
             J.id == job_id, J.lease_owner == token, J.status == "running")).first()
 
     def mark_started(self, job_id: uuid.UUID, token: str) -> None:
-        now = utcnow()
+        now = database_now(self.session)
         job = self.held(job_id, token)
         if job is not None:
             if job.started_at is None:
@@ -87,7 +100,7 @@ class JobRepository:
               error: str | None = None, stats: dict[str, Any] | None = None) -> bool:
         """Finish a held job; False (nothing written) when the lease was lost or it was cancelled."""
         values: dict[str, Any] = dict(status=status, result=result, error=error, stats=stats,
-                                      finished_at=utcnow(), lease_until=None,
+                                      finished_at=database_now(self.session), lease_until=None,
                                       completions=J.completions + 1)
         if stats:
             values.update(prefill_s=stats.get("prefill_s"), decode_s=stats.get("decode_s"))
@@ -95,20 +108,56 @@ class JobRepository:
             sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "running")
             .values(**values).execution_options(synchronize_session=False)).rowcount == 1
 
-    def requeue_expired(self, token: str, limit: int = 1000) -> list[uuid.UUID]:
-        """Put jobs whose lease ran out (their worker died) back to queued; returns their ids
-        (tagged with `token` so concurrent reapers each re-send only what they re-queued)."""
-        now = utcnow()
-        expired = sa.select(J.id).where(J.status == "running", J.lease_until < now).limit(limit)
-        ids = list(self.session.scalars(expired))
+    def stored_by(self, job_id: uuid.UUID, token: str) -> bool:
+        """Whether `token` already stored this job (a store whose commit reply was lost with
+        its connection: retrying it must not count as a second result)."""
+        return self.session.scalar(sa.select(sa.func.count()).where(
+            J.id == job_id, J.lease_owner == token, J.status.in_(TERMINAL_STATUSES), J.completions > 0)) == 1
+
+    def requeue_expired(self, token: str, max_attempts: int, lease_s: float,
+                        limit: int = 1000) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        """Jobs whose lease ran out (their worker died, or lost the database for a whole lease):
+        those with attempts left go back to `queued` (to be published again), the others fail
+        naming the cause. Returns (re-queued ids, failed ids), tagged with `token` so
+        concurrent reapers each act only on what they changed."""
+        now = database_now(self.session)
+        expired = sa.and_(J.status == "running", J.lease_until < now)
+        ids = list(self.session.scalars(sa.select(J.id).where(expired).limit(limit)))
         if not ids:
-            return []
+            return [], []
         self.session.execute(
-            sa.update(JobRecord).where(J.id.in_(ids), J.status == "running", J.lease_until < now)
-            .values(status="queued", lease_owner=token, lease_until=None)
+            sa.update(JobRecord).where(J.id.in_(ids), expired, J.attempts >= max_attempts)
+            .values(status="failed", lease_owner=token, lease_until=None, finished_at=now,
+                    completions=J.completions + 1,
+                    error=(f"the worker died {max_attempts} times while running this job (each time its lease of "
+                           f"{lease_s:g} s ran out with no result: the worker process was killed or crashed, or "
+                           "could not reach the database); not run again (STRUCTSPEC_JOB_MAX_ATTEMPTS="
+                           f"{max_attempts})"))
             .execution_options(synchronize_session=False))
-        return list(self.session.scalars(sa.select(J.id).where(J.id.in_(ids), J.lease_owner == token,
-                                                               J.status == "queued")))
+        self.session.execute(
+            sa.update(JobRecord).where(J.id.in_(ids), expired)
+            .values(status="queued", lease_owner=token, lease_until=None, published_at=now)
+            .execution_options(synchronize_session=False))
+        mine = self.session.execute(sa.select(J.id, J.status).where(J.id.in_(ids), J.lease_owner == token)).all()
+        return [i for i, st in mine if st == "queued"], [i for i, st in mine if st == "failed"]
+
+    def claim_stranded(self, token: str, older_than_s: float,
+                       limit: int = 1000) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        """`queued` jobs whose message went out more than `older_than_s` ago: marked published
+        now (tagged with `token`, so of concurrent reapers only one takes each) for the caller
+        to publish again before it commits. Returns (first attempts, later attempts): a later
+        attempt must go in a message of its own (see `claim`)."""
+        now = database_now(self.session)
+        stale = sa.and_(J.status == "queued", J.published_at < now - timedelta(seconds=older_than_s))
+        ids = list(self.session.scalars(sa.select(J.id).where(stale).order_by(J.published_at).limit(limit)))
+        if not ids:
+            return [], []
+        self.session.execute(
+            sa.update(JobRecord).where(J.id.in_(ids), stale).values(lease_owner=token, published_at=now)
+            .execution_options(synchronize_session=False))
+        mine = self.session.execute(sa.select(J.id, J.attempts).where(J.id.in_(ids), J.lease_owner == token,
+                                                                      J.status == "queued")).all()
+        return [i for i, a in mine if a == 0], [i for i, a in mine if a > 0]
 
     def refs(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[uuid.UUID, uuid.UUID | None]]:
         """{job id: (schema_id, batch_id)} for `ids` (for log lines)."""
@@ -123,14 +172,16 @@ class JobRepository:
         """queued/running -> cancelled; False when the job is already finished (or absent)."""
         return self.session.execute(
             sa.update(JobRecord).where(J.id == job_id, J.status.in_(("queued", "running")))
-            .values(status="cancelled", finished_at=utcnow(), lease_until=None, error="cancelled")
+            .values(status="cancelled", finished_at=database_now(self.session), lease_until=None,
+                    error="cancelled")
             .execution_options(synchronize_session=False)).rowcount == 1
 
     def cancel_unfinished_in_batch(self, batch_id: uuid.UUID) -> int:
         """Every queued or running job of the batch -> cancelled, like `cancel` one by one."""
         return self.session.execute(
             sa.update(JobRecord).where(J.batch_id == batch_id, J.status.in_(("queued", "running")))
-            .values(status="cancelled", finished_at=utcnow(), lease_until=None, error="cancelled")
+            .values(status="cancelled", finished_at=database_now(self.session), lease_until=None,
+                    error="cancelled")
             .execution_options(synchronize_session=False)).rowcount
 
     # --- batch reads ---------------------------------------------------------------------------
@@ -163,7 +214,7 @@ class BatchRepository:
 
     def add(self, *, tenant: str, schema_id: uuid.UUID, total: int, options: dict[str, Any]) -> BatchRecord:
         record = BatchRecord(id=uuid.uuid4(), tenant=tenant, schema_id=schema_id, total=total, options=options,
-                             created_at=utcnow())
+                             created_at=database_now(self.session))
         self.session.add(record)
         self.session.flush()
         return record

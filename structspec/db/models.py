@@ -129,6 +129,9 @@ class JobRecord(Base):
     completions: Mapped[int] = mapped_column(sa.Integer, default=0)  # results stored; 1 when finished once
     lease_owner: Mapped[str | None] = mapped_column(sa.String(64), nullable=True)
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    # when a message for it was last published (submit, reaper); a `queued` job whose message
+    # is long out while the broker's queue is empty is published again (worker/tasks.py)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)

@@ -19,6 +19,7 @@ import contextlib
 import os
 import socket
 import sys
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -91,6 +92,31 @@ def postgres_database(prefix: str = "structspec_test") -> Iterator[str]:
     finally:
         with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def admin_execute(sql: str, *params):
+    """Run `sql` on the admin connection (autocommit); returns its rows."""
+    import psycopg
+
+    conninfo = sa.engine.make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql").render_as_string(
+        hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
+        cur = conn.execute(sql, params)
+        return cur.fetchall() if cur.description else []
+
+
+def terminate_connections(database: str, pid: int | None = None) -> int:
+    """Terminate the backends connected to `database` (or just `pid`); wait until those are
+    gone (clients may connect again at once). Returns how many were terminated."""
+    where = "datname = %s AND pid <> pg_backend_pid()" + (" AND pid = %s" if pid is not None else "")
+    args = (database,) if pid is None else (database, pid)
+    killed = [p for p, ok in admin_execute(f"SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity "
+                                           f"WHERE {where}", *args) if ok]
+    deadline = time.monotonic() + 10
+    while killed and admin_execute("SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", killed):
+        assert time.monotonic() < deadline, "terminated backends did not go away"
+        time.sleep(0.05)
+    return len(killed)
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from structspec.config import Settings
+from structspec.db.session import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,6 +49,9 @@ def worker_env(settings: Settings, model: str | None) -> dict[str, str]:
                STRUCTSPEC_DATA_DIR=str(settings.data_dir), STRUCTSPEC_DATABASE_URL=settings.database_url,
                STRUCTSPEC_BROKER_URL=settings.broker_url, STRUCTSPEC_JOB_LEASE_S=str(settings.job_lease_s),
                STRUCTSPEC_JOB_QUEUE=settings.job_queue, STRUCTSPEC_TORCH_THREADS="1",
+               STRUCTSPEC_JOB_MAX_ATTEMPTS=str(settings.job_max_attempts),
+               STRUCTSPEC_ENGINE_MAX_SEQS=str(settings.engine_max_seqs),
+               STRUCTSPEC_JOB_REPUBLISH_AFTER_S=str(settings.job_republish_after_s),
                STRUCTSPEC_LOG_FORMAT=settings.log_format)
     if model is not None:
         env["STRUCTSPEC_MODEL"] = model
@@ -60,11 +65,14 @@ class Worker:
     settings: Settings
     model: str | None
     log: Path
+    args: tuple[str, ...] = ()  # more `structspec worker` options
+    script: Path | None = None  # a script that runs `structspec worker` with a fault hook (crashing_worker.py)
     proc: subprocess.Popen | None = field(default=None)
 
     def start(self) -> "Worker":
+        command = [str(self.script)] if self.script else ["-m", "structspec.cli", "worker"]
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "structspec.cli", "worker"], cwd=ROOT,
+            self.proc = subprocess.Popen([sys.executable, *command, *self.args], cwd=ROOT,
                                          env=worker_env(self.settings, self.model), stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         return self
@@ -86,6 +94,11 @@ class Worker:
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
 
+    def children(self) -> list[int]:
+        """Pids of the worker's child processes (the prefork pool's)."""
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(x) for x in out.stdout.split()]
+
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             pytest.fail(f"worker exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}")
@@ -104,3 +117,13 @@ def poll(fn, *, timeout: float, interval: float = 0.25, what: str = "condition",
             log = f"\nworker log:\n{worker.log.read_text()[-4000:]}" if worker is not None else ""
             pytest.fail(f"timed out after {timeout} s waiting for {what}{log}")
         time.sleep(interval)
+
+
+def query(database_url: str, sql: str, **params) -> list:
+    """Rows of `sql` on its own short-lived connection (the app's pool is left alone)."""
+    engine = make_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(sa.text(sql), params).all()
+    finally:
+        engine.dispose()

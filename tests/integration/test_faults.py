@@ -24,7 +24,7 @@ import pytest
 import sqlalchemy as sa
 from litestar.testing import TestClient
 
-from conftest import POSTGRES_ADMIN_URL, postgres_database, service_unavailable
+from conftest import postgres_database, service_unavailable, terminate_connections
 from integration_helpers import assert_error
 from jobs_helpers import TINY_SCHEMA, Worker, build_tiny_model, poll
 from structspec.api.app import create_app
@@ -191,27 +191,6 @@ def test_unreachable_broker_is_503_within_seconds_and_stores_nothing(tmp_path):
 
 
 # --- PostgreSQL -------------------------------------------------------------------------------
-
-def admin_execute(sql: str, *params):
-    import psycopg
-
-    conninfo = sa.engine.make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql").render_as_string(
-        hide_password=False)
-    with psycopg.connect(conninfo, autocommit=True, connect_timeout=5) as conn:
-        return conn.execute(sql, params).fetchall()
-
-
-def terminate_connections(database: str, pid: int | None = None) -> int:
-    """Terminate the backends connected to `database` (or just `pid`); wait until they are gone."""
-    where = "datname = %s AND pid <> pg_backend_pid()" + (" AND pid = %s" if pid is not None else "")
-    args = (database,) if pid is None else (database, pid)
-    killed = admin_execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {where}", *args)
-    deadline = time.monotonic() + 10
-    while admin_execute(f"SELECT pid FROM pg_stat_activity WHERE {where}", *args):
-        assert time.monotonic() < deadline, "terminated backends did not go away"
-        time.sleep(0.05)
-    return len(killed)
-
 
 @pytest.fixture(scope="module")
 def pg(tmp_path_factory):

@@ -88,7 +88,7 @@ def test_lifecycle_records_carry_job_and_schema_ids_and_no_document(client, sess
     with sessions.begin() as s:
         assert JobRepository(s).claim([uuid.UUID(orphan)], "dead-worker", -1) == [uuid.UUID(orphan)]
     published = []
-    monkeypatch.setattr(tasks, "enqueue", lambda _app, ids: published.extend(ids))
+    monkeypatch.setattr(tasks, "enqueue", lambda _app, ids, chunk_size=None: published.extend(ids))
     assert tasks.reap(tasks.app.structspec_settings, sessions) == 1 and published == [uuid.UUID(orphan)]
 
     def one(message: str, job_id: str, **expected) -> logging.LogRecord:

@@ -163,3 +163,22 @@ def test_extract_prints_schema_valid_json_per_document(capsys, monkeypatch, tmp_
     for key in ("strategy", "draft_len", "output_tokens", "target_passes", "proposed", "accepted",
                 "acceptance_rate", "tokens_per_pass", "prefill_s", "decode_s", "wall_s"):
         assert key in stats
+
+
+def test_prefork_worker_on_cuda_is_refused_before_loading_anything(capsys, monkeypatch):
+    import structspec.cli as cli
+    import worker.tasks
+
+    monkeypatch.setattr(cli, "_cuda_available", lambda: True)
+    monkeypatch.setattr(worker.tasks, "prepare_model", lambda *a: pytest.fail("loaded a model"))
+    code, err = run_cli(capsys, "worker", "--pool", "prefork")
+    assert code == 2 and "--pool prefork" in err and "CUDA" in err and "threads pool" in err
+
+
+def test_a_bad_setting_is_a_one_line_error_naming_the_variable(capsys, monkeypatch):
+    monkeypatch.setenv("STRUCTSPEC_JOB_MAX_ATTEMPTS", "0")
+    assert main(["worker"]) == 2
+    assert capsys.readouterr().err == "structspec: error: STRUCTSPEC_JOB_MAX_ATTEMPTS must be at least 1, not 0\n"
+    monkeypatch.setenv("STRUCTSPEC_JOB_MAX_ATTEMPTS", "three")
+    assert main(["worker"]) == 2
+    assert "STRUCTSPEC_JOB_MAX_ATTEMPTS='three' is not a valid int" in capsys.readouterr().err
