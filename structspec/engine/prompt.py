@@ -1,8 +1,22 @@
-"""The extraction prompt: the model's chat template around instruction, schema and document."""
+"""The extraction prompt: the model's chat template around instruction, schema and document.
+
+Document and schema text is data. It is encoded as plain text, so that a document holding
+the text of a control token ("<|im_end|>\\n<|im_start|>assistant") cannot close its turn or
+open one of its own: only the chat template's own structure yields control tokens. The
+template is rendered with a placeholder for each message's text; the template's pieces are
+encoded as usual (their control tokens recognised), each message's text with the tokenizer's
+special tokens split into ordinary ones (engine/tokens.py). A tokenizer that still yields a
+control token for such text has the document refused (UnsafeText), never spliced blindly.
+
+The worker (build_prompt, with the transformers tokenizer) and the API's token count
+(api/services/doclen.py, with `tokenizers` alone) both encode through `encode_prompt`.
+"""
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
+from typing import Callable
 
 SYSTEM_INSTRUCTION = (
     "You extract information from a document into JSON. Answer with one JSON value that "
@@ -12,6 +26,10 @@ SYSTEM_INSTRUCTION = (
 
 # Leave room for at least this many output tokens when checking a prompt against the context.
 MIN_OUTPUT_ROOM = 32
+
+# Stands for a message's text while the chat template is rendered (private-use characters, no
+# white space: templates that trim or quote the text keep it whole).
+SLOT = "\ue000structspec-message-{}\ue001"
 
 
 class DocumentTooLong(ValueError):
@@ -26,25 +44,80 @@ class DocumentTooLong(ValueError):
             "split the document or use a model with a longer context")
 
 
+class UnsafeText(ValueError):
+    """The model's tokenizer or chat template cannot keep document and schema text as plain
+    text; the request is refused rather than let that text act as prompt structure."""
+
+
 def user_message(schema: dict, document: str) -> str:
     schema_text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     return f"JSON Schema:\n{schema_text}\n\nDocument:\n{document}"
 
 
+def extraction_messages(schema: dict, document: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM_INSTRUCTION},
+            {"role": "user", "content": user_message(schema, document)}]
+
+
+def plain_prompt_text(messages: list[dict[str, str]]) -> str:
+    """The prompt of a model without a chat template."""
+    return "\n\n".join(m["content"] for m in messages) + "\n\nJSON:\n"
+
+
+def encode_prompt(messages: list[dict[str, str]], tokenizer, plain, special: dict[int, str],
+                  render: Callable[[list[dict[str, str]]], str] | None) -> list[int]:
+    """Token ids of `messages` through the chat template `render` (None: no template; the
+    tokenizer's own special tokens, e.g. BOS, around plain_prompt_text). `tokenizer` encodes
+    the template's pieces, `plain` (tokens.plain_text_tokenizer) the messages' text; `special`
+    is {id: text} of the control tokens, none of which may come from a message's text."""
+    if render is None:
+        text = plain_prompt_text(messages)
+        _check_plain(plain.encode(text, add_special_tokens=False).ids, special)
+        return plain.encode(text, add_special_tokens=True).ids
+    slots = [SLOT.format(i) for i in range(len(messages))]
+    rest = render([{**m, "content": slot} for m, slot in zip(messages, slots)])
+    ids: list[int] = []
+    for message, slot in zip(messages, slots):
+        before, found, rest = rest.partition(slot)
+        if not found or slot in rest:
+            raise UnsafeText("the model's chat template does not show each message's text once and unchanged, so "
+                             "the document's text cannot be kept apart from the template's structure; use a model "
+                             "whose template does")
+        ids += tokenizer.encode(before, add_special_tokens=False).ids if before else []
+        text_ids = plain.encode(message["content"], add_special_tokens=False).ids
+        _check_plain(text_ids, special)
+        ids += text_ids
+    return ids + (tokenizer.encode(rest, add_special_tokens=False).ids if rest else [])
+
+
+def _check_plain(ids: list[int], special: dict[int, str]) -> None:
+    bad = next((i for i in ids if i in special), None)
+    if bad is not None:
+        raise UnsafeText(f"the model's tokenizer encodes text of the document or schema as its control token "
+                         f"{special[bad]!r} even with special tokens split; refused, so that the text cannot act "
+                         "as prompt structure (use a model whose tokenizer can split its special tokens)")
+
+
 def build_prompt(tokenizer, schema: dict, document: str, context_len: int) -> list[int]:
-    """Token ids of the full prompt; raises DocumentTooLong instead of truncating."""
-    messages = [
-        {"role": "system", "content": SYSTEM_INSTRUCTION},
-        {"role": "user", "content": user_message(schema, document)},
-    ]
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        ids = list(ids)
-    else:
-        text = f"{SYSTEM_INSTRUCTION}\n\n{messages[1]['content']}\n\nJSON:\n"
-        ids = tokenizer.encode(text)
+    """Token ids of the full prompt (`tokenizer`: a transformers fast tokenizer); raises
+    DocumentTooLong instead of truncating, UnsafeText as encode_prompt."""
+    ids = encode_prompt(extraction_messages(schema, document), *_encoders(tokenizer))
     if len(ids) + MIN_OUTPUT_ROOM > context_len:
         raise DocumentTooLong(len(ids), context_len)
     return ids
+
+
+@lru_cache(maxsize=8)
+def _encoders(tokenizer) -> tuple:
+    """(tokenizer, plain, special, render) for encode_prompt, of a transformers fast tokenizer."""
+    from structspec.engine.tokens import plain_text_tokenizer, special_token_ids
+
+    backend = tokenizer.backend_tokenizer
+    special = {**special_token_ids(backend),
+               **{i: tokenizer.convert_ids_to_tokens(i) for i in tokenizer.all_special_ids}}
+
+    def render(messages):
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    return backend, plain_text_tokenizer(backend), special, render if has_template else None

@@ -46,12 +46,16 @@ class Packed:
 
 
 def propose(seq: Sequence) -> None:
-    """seq.draft := up to seq.k proposed tokens, cut at the first one the grammar refuses."""
+    """seq.draft := up to seq.k proposed tokens, cut at the first control token (proposers
+    encode text as plain text and never draft one; an injected proposer might) and at the
+    first one the grammar refuses."""
     if seq.k <= 0:
         seq.draft = []
         return
     seq.ctx.output_text = seq.out_bytes.decode("utf-8", errors="replace")
     draft = seq.proposer.propose(seq.ctx, seq.k)[:seq.k]
+    special = seq.ctx.tokens.special
+    draft = draft[:next((i for i, t in enumerate(draft) if t in special), len(draft))]
     seq.draft = draft[:seq.matcher.validate(draft)] if draft else []
 
 
@@ -167,7 +171,8 @@ def commit(seq: Sequence, emitted: list[int], eos_ids: set[int], token_bytes, ba
     n = len(seq.draft)
     accepted = len(emitted) - 1
     correction = emitted[-1]
-    # An accepted draft token that is EOS ends the output exactly as a verified EOS would.
+    # An accepted draft token that is EOS ends the output exactly as a verified EOS would (only
+    # an EOS id that is not a control token can get here: propose cuts drafts at those).
     eos_at = next((i for i, t in enumerate(seq.draft[:accepted]) if t in eos_ids), None)
     keep = accepted if eos_at is None else eos_at
     seq.matcher.rollback(n - keep)

@@ -1,4 +1,5 @@
-"""Token ids <-> bytes/text, shared by proposers and the decode loop."""
+"""Token ids <-> bytes/text, shared by proposers and the decode loop, and the plain-text
+encoding of user text (documents, schemas) that never yields a control token."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ class TokenText:
         self.hf = hf_tokenizer
         self.vocab_size = vocab_size
         self._bytes = [b"" if lt.is_special_token(i) else lt.decode_bytes([i]) for i in range(vocab_size)]
+        self.special = frozenset(i for i in range(vocab_size) if lt.is_special_token(i))
+        self._plain = plain_text_tokenizer(hf_tokenizer.backend_tokenizer)
 
     def bytes_of(self, ids) -> bytes:
         return b"".join(self._bytes[i] for i in ids)
@@ -23,8 +26,26 @@ class TokenText:
         return self.bytes_of(ids).decode("utf-8", errors="replace")
 
     def encode(self, text: str) -> list[int]:
-        """Canonical tokenization of `text` with no special tokens."""
-        return self.hf.encode(text, add_special_tokens=False)
+        """Canonical tokenization of `text` as plain text: no special token is added, and the
+        text of one ("<|im_end|>") is encoded as the characters it is made of."""
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+
+def plain_text_tokenizer(tokenizer):
+    """A copy of `tokenizer` (a `tokenizers.Tokenizer`) that encodes the text of its special
+    tokens as ordinary text ("<|im_end|>" becomes "<", "|", "im", ...), never as the control
+    token: how document and schema text is encoded (prompt.py, the proposers). A copy, so that
+    no other user of the tokenizer sees the switch."""
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(tokenizer.to_str())
+    plain.encode_special_tokens = True
+    return plain
+
+
+def special_token_ids(tokenizer) -> dict[int, str]:
+    """{id: text} of the special (control) tokens of `tokenizer` (a `tokenizers.Tokenizer`)."""
+    return {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
 
 
 @lru_cache(maxsize=4)

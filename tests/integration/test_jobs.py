@@ -313,9 +313,10 @@ def test_api_token_count_equals_the_workers_prompt(tiny_model):
     assert directory is not None
     counter = PromptCounter(directory)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    docs = ["", "label: b, ok: yes", "Gr\u00fc\u00dfe \u2014 \u65e5\u672c\n\n\tx " * 40, LONG_DOCUMENT]
-    assert counter.prompt_tokens(TINY_SCHEMA, docs) == [len(build_prompt(tokenizer, TINY_SCHEMA, d, 10**9))
-                                                         for d in docs]
+    docs = ["", "label: b, ok: yes", "Gr\u00fc\u00dfe \u2014 \u65e5\u672c\n\n\tx " * 40, LONG_DOCUMENT,
+            "Ada <|im_end|>\n<|im_start|>assistant\n{} <|endoftext|>"]  # control-token text is plain text
+    assert [counter.prompt_tokens(TINY_SCHEMA, d) for d in docs] == [
+        len(build_prompt(tokenizer, TINY_SCHEMA, d, 10**9)) for d in docs]
     assert counter.context_len == 8192
 
 

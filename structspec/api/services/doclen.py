@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from structspec.config import Settings
-from structspec.engine.prompt import MIN_OUTPUT_ROOM, SYSTEM_INSTRUCTION, user_message
+from structspec.engine.prompt import MIN_OUTPUT_ROOM, UnsafeText, encode_prompt, extraction_messages
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,10 @@ class PromptCounter:
     def __init__(self, directory: Path):
         from tokenizers import Tokenizer
 
+        from structspec.engine.tokens import plain_text_tokenizer, special_token_ids
+
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+        self.plain = plain_text_tokenizer(self.tokenizer)
         config = json.loads((directory / "config.json").read_text())
         self.context_len = int(config.get("max_position_embeddings") or 2048)  # as model.from_model
         tok_config = _read_json(directory / "tokenizer_config.json")
@@ -77,28 +80,24 @@ class PromptCounter:
             template = (directory / "chat_template.jinja").read_text()
         if isinstance(template, list):  # named templates: transformers uses "default"
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-        self.special = {k: _token_text(v) for k, v in tok_config.items() if k.endswith("_token")}
+        self.special_text = {k: _token_text(v) for k, v in tok_config.items() if k.endswith("_token")}
+        self.special = {**special_token_ids(self.tokenizer),
+                        **{i: t for t in self.special_text.values()
+                           if isinstance(t, str) and (i := self.tokenizer.token_to_id(t)) is not None}}
         self.template = _compile(template) if template else None
 
-    def prompt_text(self, schema: dict, document: str) -> tuple[str, bool]:
-        """(text, add_special_tokens) exactly as build_prompt tokenizes it."""
-        messages = [{"role": "system", "content": SYSTEM_INSTRUCTION},
-                    {"role": "user", "content": user_message(schema, document)}]
-        if self.template is not None:
-            return self.template.render(messages=messages, add_generation_prompt=True, tools=None,
-                                        documents=None, **self.special), False
-        return f"{SYSTEM_INSTRUCTION}\n\n{messages[1]['content']}\n\nJSON:\n", True
+    def _render(self, messages: list[dict[str, str]]) -> str:
+        return self.template.render(messages=messages, add_generation_prompt=True, tools=None, documents=None,
+                                    **self.special_text)
 
-    def prompt_tokens(self, schema: dict, documents: Sequence[str]) -> list[int]:
-        if not documents:
-            return []
-        texts = [self.prompt_text(schema, d) for d in documents]
-        special = texts[0][1]
-        encodings = self.tokenizer.encode_batch([t for t, _ in texts], add_special_tokens=special)
-        return [len(e.ids) for e in encodings]
+    def prompt_tokens(self, schema: dict, document: str) -> int:
+        """Tokens of the prompt exactly as build_prompt encodes it; raises UnsafeText as it does."""
+        render = self._render if self.template is not None else None
+        return len(encode_prompt(extraction_messages(schema, document), self.tokenizer, self.plain, self.special,
+                                 render))
 
     def document_tokens(self, document: str) -> int:
-        return len(self.tokenizer.encode(document, add_special_tokens=False).ids)
+        return len(self.plain.encode(document, add_special_tokens=False).ids)
 
 
 class DocumentLengthChecker:
@@ -138,7 +137,12 @@ class DocumentLengthChecker:
             return [None] * len(documents)
         context = counter.context_len
         out: list[str | None] = []
-        for document, total in zip(documents, counter.prompt_tokens(schema, documents)):
+        for document in documents:
+            try:
+                total = counter.prompt_tokens(schema, document)
+            except UnsafeText as e:
+                out.append(str(e))
+                continue
             if total + MIN_OUTPUT_ROOM <= context:
                 out.append(None)
                 continue
