@@ -86,6 +86,8 @@ class Settings:
     job_republish_after_s: int = 60
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
+    # POST /openai/v1/chat/completions waits this long for its job; then 504 naming the job
+    chat_timeout_s: int = 120
     # Strategy selection (structspec/stats). Jobs and batches default to `job_strategy`;
     # "auto" lets the worker pick (strategy, draft_len) per request from the schema's stats.
     job_strategy: str = "auto"  # auto | none | schema | ngram | composite

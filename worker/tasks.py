@@ -274,7 +274,7 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
             return 0
         repo.mark_started(job_id, token)
         schema = SchemaRepository(session).get(job.schema_id, include_deleted=True).body
-        document, schema_id, created_at = job.document, job.schema_id, job.created_at
+        document, messages, schema_id, created_at = job.document, job.messages, job.schema_id, job.created_at
         fields = {"job_id": str(job_id), "schema_id": str(schema_id)}
         if job.batch_id is not None:
             fields["batch_id"] = str(job.batch_id)
@@ -309,7 +309,8 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
     # A later attempt follows a lost lease, most often a worker that died: decode it alone, so
     # a document that crashes the process takes no neighbour with it (and uses up none of
     # their attempts).
-    request = Request(schema, document, opts, id=str(job_id), acceptance=acceptance, isolate=attempt > 1)
+    request = Request(schema, document, opts, id=str(job_id), acceptance=acceptance, isolate=attempt > 1,
+                      messages=messages)
     in_flight = (schema_id, verbatim, opts.strategy) if auto else None
     if in_flight:
         IN_FLIGHT.begin(*in_flight)

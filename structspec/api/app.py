@@ -18,6 +18,7 @@ from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
+from structspec.api.openai import PREFIX as OPENAI_PREFIX, OpenAIController, openai_error
 from structspec.api.openapi import StrictStructSchemaPlugin
 from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
@@ -29,6 +30,13 @@ from structspec.db.session import make_engine, make_session_factory
 log = logging.getLogger("structspec.api")
 
 API_VERSION = "0.1.0"
+
+
+def handle_any_exception(request, exc: Exception):
+    """Errors in structspec's shape, or in OpenAI's under /openai/v1."""
+    if request.url.path.startswith(OPENAI_PREFIX + "/"):
+        return openai_error(request, exc)
+    return handle_exception(request, exc)
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -50,13 +58,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     return Litestar(
         route_handlers=[SchemaController, ExtractionController, BatchController, HealthController,
-                        MetricsController],
+                        MetricsController, OpenAIController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
                      "publisher": publisher, "rate_limiter": limiter, "doclen": doclen}),
         # Outermost first: the rate limit also meters requests with wrong keys (key guessing).
         middleware=[RateLimitMiddleware(limiter), AUTH_MIDDLEWARE],
-        exception_handlers={Exception: handle_exception},
+        exception_handlers={Exception: handle_any_exception},
         plugins=[StrictStructSchemaPlugin()],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(

@@ -64,13 +64,18 @@ def revoke_key(session_factory: sessionmaker[Session], key_id: str) -> ApiKeyRec
         return record
 
 
-def tenant_for(session_factory: sessionmaker[Session], settings: Settings, authorization: str | None) -> str:
-    """The tenant a request with this Authorization header acts for; 401 ApiError otherwise."""
-    if authorization is None:
+def tenant_for(session_factory: sessionmaker[Session], settings: Settings, authorization: str | None,
+               any_key_while_open: bool = False) -> str:
+    """The tenant a request with this Authorization header acts for; 401 ApiError otherwise.
+    `any_key_while_open`: while auth is off, a key is ignored rather than refused (OpenAI
+    clients always send one)."""
+    if authorization is None or any_key_while_open:
         with session_factory() as session:
             if settings.require_auth or ApiKeyRepository(session).any_active():
-                raise unauthorized("this API needs a key: send `Authorization: Bearer <key>`", "missing")
-        return DEFAULT_TENANT
+                if authorization is None:
+                    raise unauthorized("this API needs a key: send `Authorization: Bearer <key>`", "missing")
+            else:
+                return DEFAULT_TENANT
     scheme, _, key = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise unauthorized("malformed Authorization header: expected `Bearer <key>`", "malformed")
@@ -90,11 +95,14 @@ class ApiKeyMiddleware(AbstractAuthenticationMiddleware):
     async def authenticate_request(self, connection: ASGIConnection) -> AuthenticationResult:
         state = connection.app.state
         tenant = await anyio.to_thread.run_sync(tenant_for, state.session_factory, state.settings,
-                                                connection.headers.get("authorization"))
+                                                connection.headers.get("authorization"),
+                                                connection.url.path.startswith(OPENAI_PATH))
         return AuthenticationResult(user=tenant, auth=None)
 
 
-# Everything but /v1 is open: health, metrics and the OpenAPI document (/schema/...).
+OPENAI_PATH = "/openai/"  # structspec/api/openai.py
+
+# Everything but /v1 and /openai/v1 is open: health, metrics and the OpenAPI document (/schema/...).
 OPEN_PATHS = [r"^/health", r"^/metrics", r"^/schema(/|$)"]
 AUTH_MIDDLEWARE = DefineMiddleware(ApiKeyMiddleware, exclude=OPEN_PATHS)
 

@@ -25,7 +25,7 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from structspec.api.errors import ErrorBody, ErrorItem
 
-LIMITED_PREFIX = "/v1"
+LIMITED_PREFIXES = ("/v1", "/openai/v1")  # structspec's API and the OpenAI-compatible surface
 MAX_CLIENTS = 100_000  # buckets kept; the least recently seen is dropped (it comes back full)
 
 
@@ -73,7 +73,7 @@ def client_identity(scope: Scope) -> str:
 
 
 def is_limited(path: str) -> bool:
-    return path == LIMITED_PREFIX or path.startswith(LIMITED_PREFIX + "/")
+    return any(path == p or path.startswith(p + "/") for p in LIMITED_PREFIXES)
 
 
 class RateLimitMiddleware(ASGIMiddleware):
@@ -90,19 +90,23 @@ class RateLimitMiddleware(ASGIMiddleware):
         if not wait:
             await next_app(scope, receive, send)
             return
-        await send_too_many(send, self.limiter, wait)
+        await send_too_many(send, self.limiter, wait, scope.get("path", ""))
 
 
-async def send_too_many(send: Send, limiter: RateLimiter, wait: float) -> None:
+async def send_too_many(send: Send, limiter: RateLimiter, wait: float, path: str = "") -> None:
     import msgspec
+
+    from structspec.api.openai import PREFIX as OPENAI_PREFIX, error_body
 
     retry_after = max(1, math.ceil(wait))
     limit = f"{limiter.per_minute} requests per minute, bursts of {limiter.burst}"
-    body = msgspec.json.encode(ErrorBody(
-        status_code=429,
-        detail=f"too many requests: the limit is {limit} per client (rate_limit_per_minute, "
-               f"rate_limit_burst); retry after {retry_after} s",
-        errors=[ErrorItem(message=f"over {limit}", source="rate_limit")]))
+    detail = (f"too many requests: the limit is {limit} per client (rate_limit_per_minute, "
+              f"rate_limit_burst); retry after {retry_after} s")
+    if path.startswith(OPENAI_PREFIX + "/"):
+        body = msgspec.json.encode(error_body(429, detail, code="rate_limit_exceeded"))
+    else:
+        body = msgspec.json.encode(ErrorBody(status_code=429, detail=detail,
+                                             errors=[ErrorItem(message=f"over {limit}", source="rate_limit")]))
     await send({"type": "http.response.start", "status": 429,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"retry-after", str(retry_after).encode())]})

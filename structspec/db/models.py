@@ -117,6 +117,9 @@ class JobRecord(Base):
     position: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)  # 0-based, in its batch
     doc_id: Mapped[str | None] = mapped_column(sa.String(200), nullable=True)  # the user's document id
     document: Mapped[str] = mapped_column(sa.Text)
+    # chat messages [{role, content}] of an OpenAI-compatible request: the prompt is these through
+    # the model's chat template, and `document` holds their text; NULL for extraction jobs
+    messages: Mapped[list[dict[str, str]] | None] = mapped_column(sa.JSON, nullable=True)
     options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     status: Mapped[str] = mapped_column(sa.String(16), default="queued")
     result: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)

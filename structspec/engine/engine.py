@@ -26,7 +26,7 @@ from structspec.config import Settings
 from structspec.engine.cost import EXPLORE_EVERY, PassCostCurve, choose_draft_lens
 from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
-from structspec.engine.prompt import build_prompt
+from structspec.engine.prompt import build_chat_prompt, build_prompt
 from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
@@ -112,7 +112,10 @@ class Engine:
         opts = request.options = request.options.with_defaults(self.settings).check(concrete=True)
         schema, document = request.schema, request.document
         grammar = self.grammars.get_for(schema, document, opts.verbatim)
-        prompt = build_prompt(self.loaded.tokenizer, schema, document, self.loaded.context_len)
+        if request.messages is None:
+            prompt = build_prompt(self.loaded.tokenizer, schema, document, self.loaded.context_len)
+        else:
+            prompt = build_chat_prompt(self.loaded.tokenizer, request.messages, self.loaded.context_len)
         verbatim = uses_verbatim(schema, opts.verbatim)
         matcher = grammar.matcher()
         generator = None
@@ -124,7 +127,10 @@ class Engine:
                            tokens=self.token_text, verbatim=verbatim)
         # A request that reuses its prompt (benchmarks: one document under many strategies) keeps
         # its whole prompt in the prefix cache; the others share instruction + schema.
-        prefix_len = len(prompt) - 1 if request.reuse_prompt else self._shared_prefix_len(schema, prompt)
+        if request.reuse_prompt:
+            prefix_len = len(prompt) - 1
+        else:  # chat messages share no known prefix
+            prefix_len = self._shared_prefix_len(schema, prompt) if request.messages is None else 0
         seq = Sequence(request, prompt, prefix_len, matcher,
                        request.proposer or make_proposer(opts.strategy), ctx, generator, verbatim)
         self.scheduler.add(seq)

@@ -99,9 +99,15 @@ def _check_plain(ids: list[int], special: dict[int, str]) -> None:
 
 
 def build_prompt(tokenizer, schema: dict, document: str, context_len: int) -> list[int]:
-    """Token ids of the full prompt (`tokenizer`: a transformers fast tokenizer); raises
-    DocumentTooLong instead of truncating, UnsafeText as encode_prompt."""
-    ids = encode_prompt(extraction_messages(schema, document), *_encoders(tokenizer))
+    """Token ids of the full extraction prompt (`tokenizer`: a transformers fast tokenizer);
+    raises DocumentTooLong instead of truncating, UnsafeText as encode_prompt."""
+    return build_chat_prompt(tokenizer, extraction_messages(schema, document), context_len)
+
+
+def build_chat_prompt(tokenizer, messages: list[dict[str, str]], context_len: int) -> list[int]:
+    """Token ids of `messages` (role, content) through the model's chat template, their text
+    as data; raises as build_prompt."""
+    ids = encode_prompt(messages, *_encoders(tokenizer))
     if len(ids) + MIN_OUTPUT_ROOM > context_len:
         raise DocumentTooLong(len(ids), context_len)
     return ids

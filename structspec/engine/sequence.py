@@ -32,6 +32,10 @@ class Request:
     # keep this prompt's KV for later requests with the same prompt (benchmarks running one
     # document under several strategies); otherwise only the schema's shared prefix is kept
     reuse_prompt: bool = False
+    # the prompt: these chat messages ({role, content}) through the model's chat template
+    # instead of the extraction prompt around `document` (the OpenAI-compatible surface);
+    # `document` then holds their text, which the n-gram proposers draft from
+    messages: list[dict[str, str]] | None = None
     # decode this request with no other sequence in the engine (a job retried after its worker
     # died: if the document is what crashes the process, it takes no neighbour with it)
     isolate: bool = False

@@ -45,6 +45,17 @@ def test_burst_over_the_limit_is_429_with_retry_after_naming_the_setting(limited
     assert client.post("/v1/schemas", json={"name": "x", "schema": {}}).headers["retry-after"] == "1"
 
 
+def test_the_openai_surface_shares_the_limit_and_answers_429_in_its_own_shape(limited):
+    client, _ = limited
+    assert [client.get("/openai/v1/models").status_code for _ in range(3)] == [200, 200, 200]
+    r = client.get("/openai/v1/models")
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    error = r.json()["error"]
+    assert error["type"] == "rate_limit_error" and error["code"] == "rate_limit_exceeded"
+    assert "rate_limit_per_minute" in error["message"]
+    assert client.get("/v1/schemas").status_code == 429  # one bucket per client for both surfaces
+
+
 def test_tokens_refill_with_time(limited):
     client, clock = limited
     for _ in range(3):

@@ -25,9 +25,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def serve(data_dir: Path, port: int, log: Path):
+def serve(data_dir: Path, port: int, log: Path, **settings: str):
+    """`structspec serve` on `port`; `settings`: more STRUCTSPEC_* variables (lower-case names)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("STRUCTSPEC_")}
     env.update(STRUCTSPEC_DATA_DIR=str(data_dir), PYTHONPATH=str(ROOT))
+    env.update({f"STRUCTSPEC_{k.upper()}": v for k, v in settings.items()})
     with log.open("ab") as out:
         proc = subprocess.Popen([sys.executable, "-m", "structspec.cli", "serve", "--port", str(port)],
                                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)

@@ -67,12 +67,7 @@ class JobService:
 
     def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
         """The job once finished, or as it is after `seconds`."""
-        deadline = time.monotonic() + seconds
-        while True:
-            job = self.get(str(job_id))
-            if job.status in TERMINAL_STATUSES or time.monotonic() >= deadline:
-                return job
-            time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+        return to_job_read(self.wait_record(job_id, seconds))
 
     def get(self, job_id: str) -> JobRead:
         with self.session_factory() as session:
@@ -217,7 +212,36 @@ class JobService:
             raise UnprocessableError(f"invalid option: {e}", [
                 ErrorItem(path=f"/options/{e.option}", message=str(e), source="body")]) from None
 
-    def _resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None) -> uuid.UUID:
+    def submit_chat(self, schema: dict[str, Any], messages: list[dict[str, str]], options: RequestOptions,
+                    registered_by: str) -> uuid.UUID:
+        """One job prompted with chat `messages` ({role, content}) through the model's chat
+        template (the OpenAI-compatible surface); their text is the job's document, which the
+        n-gram proposers draft from. The schema is registered, or reused, by its content."""
+        schema_id = self._resolve_schema(None, schema, registered_by)
+        text = "\n\n".join(m["content"] for m in messages)
+        self._check_document(text, "/messages")
+        with self.session_factory.begin() as session:
+            [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id, document=text,
+                                                             messages=messages, options=options.as_dict())])
+        self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
+                      what={"job_id": job_id, "schema_id": schema_id})
+        log.info("chat job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id),
+                                              "tenant": self.tenant, "strategy": options.strategy,
+                                              "document_chars": len(text)})
+        return job_id
+
+    def wait_record(self, job_id: uuid.UUID, seconds: float) -> JobRecord:
+        """The job's row once finished, or as it is after `seconds`."""
+        deadline = time.monotonic() + seconds
+        while True:
+            with self.session_factory() as session:
+                job = self._job(session, str(job_id))
+            if job.status in TERMINAL_STATUSES or time.monotonic() >= deadline:
+                return job
+            time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def _resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None,
+                        registered_by: str = "POST /v1/extractions") -> uuid.UUID:
         if (schema_id is None) == (inline is None):
             raise UnprocessableError("give exactly one of schema_id and schema", [
                 ErrorItem(path="/schema_id", message="exactly one of schema_id and schema is required",
@@ -227,7 +251,7 @@ class JobService:
 
             name = "inline-" + schema_hash(inline)[:16]
             record, _ = SchemaService(self.session_factory, self.settings, self.tenant).register(
-                SchemaCreate(name=name, schema=inline, description="registered inline by POST /v1/extractions"))
+                SchemaCreate(name=name, schema=inline, description=f"registered inline by {registered_by}"))
             return record.id
         try:
             sid = uuid.UUID(schema_id)
