@@ -22,6 +22,7 @@ from typing import Any
 
 from litestar import Controller, MediaType, Request, Response, get, post
 from litestar.datastructures import State
+from litestar.params import JSONBody
 
 from structspec.api.errors import ApiError, ErrorBody, ErrorItem, handle_exception
 from structspec.api.extractions import provide_job_service
@@ -150,7 +151,7 @@ class OpenAIController(Controller):
           summary="OpenAI-compatible chat completion with a JSON response_format",
           description="One extraction job, waited on for up to STRUCTSPEC_CHAT_TIMEOUT_S (then 504). The "
                       "response's `structspec` field carries the job id and its speculation stats.")
-    def chat_completions(self, request: Request, state: State, data: dict[str, Any]) -> dict[str, Any]:
+    def chat_completions(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
         body = check_request(data)
         messages = chat_messages(body.get("messages"))
         schema = response_schema(body.get("response_format"))
