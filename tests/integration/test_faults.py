@@ -26,11 +26,10 @@ from litestar.testing import TestClient
 
 from conftest import postgres_database, service_unavailable, terminate_connections
 from integration_helpers import assert_error
-from jobs_helpers import TINY_SCHEMA, Worker, build_tiny_model, poll
+from jobs_helpers import TINY_SCHEMA, Worker, build_tiny_model, poll, query
 from structspec.api.app import create_app
 from structspec.config import Settings
 from structspec.db import migrate
-from structspec.db.session import make_engine
 
 JOB_TIMEOUT = 60
 UNAVAILABLE_WITHIN_S = 10  # the issue's bound for a 503 instead of a hang
@@ -49,13 +48,8 @@ def free_port() -> int:
 
 def counts(settings: Settings) -> tuple[int, int]:
     """(jobs, batches) rows in the database."""
-    engine = make_engine(settings.database_url)
-    try:
-        with engine.connect() as conn:
-            return tuple(conn.execute(sa.text("SELECT (SELECT count(*) FROM jobs), "
-                                              "(SELECT count(*) FROM batches)")).one())
-    finally:
-        engine.dispose()
+    [row] = query(settings.database_url, "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches)")
+    return tuple(row)
 
 
 def timed(call):

@@ -55,15 +55,21 @@ class JobService:
         [too_long] = self._token_problems(schema_id, [data.document])
         if too_long:
             raise UnprocessableError(too_long, [ErrorItem(path="/document", message=too_long, source="body")])
+        return JobAccepted(id=self._queue_one(schema_id, data.document, options), status="queued")
+
+    def _queue_one(self, schema_id: uuid.UUID, document: str, options: RequestOptions,
+                   messages: list[dict[str, str]] | None = None) -> uuid.UUID:
+        """Store one queued job and publish it (deleted again if the broker is down)."""
         with self.session_factory.begin() as session:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
-                                                             document=data.document,
+                                                             document=document, messages=messages,
                                                              options=options.as_dict())])
         self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
                       what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
-                                         "strategy": options.strategy, "document_chars": len(data.document)})
-        return JobAccepted(id=job_id, status="queued")
+                                         "strategy": options.strategy, "document_chars": len(document),
+                                         **({"chat": True} if messages is not None else {})})
+        return job_id
 
     def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
         """The job once finished, or as it is after `seconds`."""
@@ -220,15 +226,7 @@ class JobService:
         schema_id = self._resolve_schema(None, schema, registered_by)
         text = "\n\n".join(m["content"] for m in messages)
         self._check_document(text, "/messages")
-        with self.session_factory.begin() as session:
-            [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id, document=text,
-                                                             messages=messages, options=options.as_dict())])
-        self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
-                      what={"job_id": job_id, "schema_id": schema_id})
-        log.info("chat job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id),
-                                              "tenant": self.tenant, "strategy": options.strategy,
-                                              "document_chars": len(text)})
-        return job_id
+        return self._queue_one(schema_id, text, options, messages)
 
     def wait_record(self, job_id: uuid.UUID, seconds: float) -> JobRecord:
         """The job's row once finished, or as it is after `seconds`."""
