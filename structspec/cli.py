@@ -109,7 +109,7 @@ def cmd_extract(args) -> int:
     for w in warnings:
         print(f"structspec: warning: schema {args.schema}: {SchemaError([w])} (results are still validated)",
               file=sys.stderr)
-    documents = [(p, read_document(p)) for p in args.documents]
+    documents = [read_messages(p) if args.messages else (p, read_document(p), None) for p in args.documents]
     settings = settings_from(args)
     try:
         opts = RequestOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
@@ -123,11 +123,25 @@ def cmd_extract(args) -> int:
     return run_documents(engine, schema, documents, opts, local, verbatim, args.stats)
 
 
-def run_documents(engine, schema: dict, documents: list[tuple[str, str]], opts, local, verbatim: bool,
+def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
+    """(path, text, messages) of a chat messages file: a JSON array of {role, content}, or an
+    object holding one under "messages" (an OpenAI chat request body)."""
+    from structspec.engine.prompt import MessagesError, chat_messages, messages_text
+
+    raw = read_json_file(path, "messages file")
+    try:
+        messages = chat_messages(raw.get("messages") if isinstance(raw, dict) else raw)
+    except MessagesError as e:
+        raise CliError(f"messages file {path}: {e}") from None
+    return path, messages_text(messages), messages
+
+
+def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | None]], opts, local, verbatim: bool,
                   show_stats: bool) -> int:
-    """Decode `documents` together, keeping the engine full: each document is submitted when a
-    place frees up, so with `auto` its (strategy, k) is drawn from statistics that include the
-    documents finished before it. Results are printed in input order as they become available."""
+    """Decode `documents` (path, text, chat messages or None) together, keeping the engine full:
+    each document is submitted when a place frees up, so with `auto` its (strategy, k) is drawn
+    from statistics that include the documents finished before it. Results are printed in input
+    order as they become available."""
     from collections import deque
 
     from structspec.engine.engine import Request
@@ -138,14 +152,14 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str]], opts, 
     printed = failed = 0
     while pending or engine.has_work():
         while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
-            i, (path, text) = pending.popleft()
+            i, (path, text, messages) = pending.popleft()
             run, why = opts, None
             if local is not None:
                 choice, why = local.choose(opts.draft_len, verbatim)
                 run = opts.replace(strategy=choice.strategy, draft_len=choice.draft_len)
             acceptance = (local.acceptance(run.strategy, run.draft_len, verbatim)
                           if local is not None and run.strategy != "none" and run.draft_len else None)
-            request = Request(schema, text, run, acceptance=acceptance)
+            request = Request(schema, text, run, acceptance=acceptance, messages=messages)
             try:
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
@@ -449,6 +463,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", required=True, help="JSON Schema file")
     p.add_argument("documents", nargs="+", metavar="DOC", help="text files ('-' for stdin)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics per document to stderr")
+    p.add_argument("--messages", action="store_true",
+                   help="each DOC is a JSON file of chat messages ([{role, content}], or an OpenAI chat request "
+                        "body): the prompt is them through the model's chat template, as on the OpenAI-compatible "
+                        "surface, not the extraction prompt")
     add_decode_args(p, defaults)
     add_model_args(p)
     p.set_defaults(func=cmd_extract)

@@ -44,6 +44,7 @@ from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.stats.resolve import InFlight, acceptance_curve, resolve_options
 from worker.app import RUN_JOBS, app, enqueue, queue_depth
+from worker.progress import PROGRESS, Pieces
 
 log = logging.getLogger("structspec.worker")
 
@@ -261,6 +262,7 @@ class Started:
     request: Any  # structspec.engine.sequence.Request (torch is imported with the engine, not here)
     started: float
     in_flight: tuple[uuid.UUID, bool, str] | None  # the IN_FLIGHT entry of an auto job
+    pieces: Pieces | None = None  # a chat job's output text (worker/progress.py)
 
 
 def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> Started | int:
@@ -275,6 +277,7 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
         repo.mark_started(job_id, token)
         schema = SchemaRepository(session).get(job.schema_id, include_deleted=True).body
         document, messages, schema_id, created_at = job.document, job.messages, job.schema_id, job.created_at
+        stream = job.stream
         fields = {"job_id": str(job_id), "schema_id": str(schema_id)}
         if job.batch_id is not None:
             fields["batch_id"] = str(job.batch_id)
@@ -309,18 +312,25 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
     # A later attempt follows a lost lease, most often a worker that died: decode it alone, so
     # a document that crashes the process takes no neighbour with it (and uses up none of
     # their attempts).
+    # a chat job keeps its output text as generated (worker/progress.py): the reply's content
+    pieces = Pieces() if messages is not None else None
     request = Request(schema, document, opts, id=str(job_id), acceptance=acceptance, isolate=attempt > 1,
-                      messages=messages)
+                      messages=messages, on_output=pieces)
+    if pieces is not None and stream:
+        PROGRESS.watch(sessions, job_id, token, pieces)
     in_flight = (schema_id, verbatim, opts.strategy) if auto else None
     if in_flight:
         IN_FLIGHT.begin(*in_flight)
-    return Started(job_id, schema_id, created_at, fields, request, time.monotonic(), in_flight)
+    return Started(job_id, schema_id, created_at, fields, request, time.monotonic(), in_flight, pieces)
 
 
 def finish_job(sessions, settings: Settings, job: Started, future: Future, token: str) -> int:
     """Store a job's outcome and its stats together; 1 if stored, 0 if cancelled/taken over
     (or the database stayed unavailable: then the job runs again after its lease)."""
     outcome = outcome_of(future, job.fields)
+    if job.pieces is not None:
+        PROGRESS.forget(job.job_id)
+        outcome["partial"] = job.pieces.close()
     duration_s = round(time.monotonic() - job.started, 4)
     tries = []
 

@@ -2,143 +2,56 @@
 structspec's own /v1 routes (its /v1/batches in particular): clients set
 `base_url="http://host:8000/openai/v1"` and keep their code.
 
-    POST /openai/v1/chat/completions   response_format json_schema | json_object; one job, waited on
-    GET  /openai/v1/models             the served model
+    POST /openai/v1/chat/completions         response_format json_schema | json_object; one job,
+                                             waited on, or streamed as SSE with stream: true
+    GET  /openai/v1/models                   the served model
+    POST /openai/v1/files                    multipart upload of a batch input (purpose batch)
+    GET  /openai/v1/files/{id}[/content]     a file's object, or its bytes
+    POST /openai/v1/batches                  OpenAI's Batch format, endpoint /v1/chat/completions
+    GET  /openai/v1/batches[/{id}]           list (newest first), or one
+    POST /openai/v1/batches/{id}/cancel
 
 Each request runs as one extraction job through the usual machinery (API keys, tenants, rate
 and size limits, the per-schema statistics and `auto`); its prompt is the request's messages
-through the model's chat template, their text as data (engine/prompt.py). Errors take
-OpenAI's shape, {"error": {"message", "type", "param", "code"}}, so SDK exceptions carry the
-message (`openai_error`, chosen by path in api/app.py).
-
-Not yet here (docs/api.md says so): `stream: true`, and the Files and Batches endpoints.
+through the model's chat template, their text as data (engine/prompt.py). What the routes do is
+in api/services/openai.py. Errors take OpenAI's shape, {"error": {"message", "type", "param",
+"code"}}, so SDK exceptions carry the message (`openai_error`, chosen by path in api/app.py).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Annotated, Any, Iterator
 
+import anyio
 from litestar import Controller, MediaType, Request, Response, get, post
-from litestar.datastructures import State
-from litestar.params import JSONBody
+from litestar.datastructures import State, UploadFile
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, JSONBody
+from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
 
-from structspec.api.errors import ApiError, ErrorBody, ErrorItem, handle_exception
+from structspec.api.errors import ApiError, ErrorBody, handle_exception
 from structspec.api.extractions import provide_job_service
 from structspec.api.services.jobs import JobService
-from structspec.api.structs import JobOptions
+from structspec.api.services.openai import (OpenAIBatchService, bad_request, completion, error_object,
+                                            read_chat_request, served_model, stream_chunks)
 from structspec.config import Settings
 
 PREFIX = "/openai/v1"
-DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
-KNOWN_FIELDS = {"model", "messages", "response_format", "max_tokens", "max_completion_tokens", "temperature",
-                "seed", "n", "stream", "stream_options", "user", "metadata", "store"}
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
-               422: "invalid_request_error", 429: "rate_limit_error"}
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
 
-def served_model(settings: Settings) -> str:
-    return DEFAULT_MODEL_ID if settings.model in ("default", "") else settings.model
+def batch_service(state: State, request: Request) -> OpenAIBatchService:
+    return OpenAIBatchService(provide_job_service(state, request))
 
 
-def bad_request(message: str, param: str | None = None, status: int = 400) -> ApiError:
-    return ApiError(status, message, [ErrorItem(path=param or "", message=message, source="body")])
-
-
-# --- the request ----------------------------------------------------------------------------
-
-def chat_messages(raw: Any) -> list[dict[str, str]]:
-    """OpenAI messages as {role, content} with text content; developer counts as system."""
-    if not isinstance(raw, list) or not raw:
-        raise bad_request("messages must be a non-empty array of {role, content}", "messages")
-    out = []
-    for i, m in enumerate(raw):
-        where = f"messages.{i}"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise bad_request(f"{where}: role must be one of {', '.join(sorted(ROLES))}", f"{where}.role")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: text only
-            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                       for p in content):
-                raise bad_request(f"{where}: only text content parts are supported", f"{where}.content")
-            content = "".join(p["text"] for p in content)
-        if not isinstance(content, str):
-            raise bad_request(f"{where}: content must be a string or text parts", f"{where}.content")
-        if "\x00" in content:
-            raise bad_request(f"{where}: content must not contain U+0000", f"{where}.content")
-        out.append({"role": ROLES[m["role"]], "content": content})
-    return out
-
-
-def response_schema(raw: Any) -> dict[str, Any]:
-    """The JSON Schema a response_format asks for ({"type": "object"} for json_object)."""
-    if raw is None:
-        raise bad_request("response_format is required: this service answers with JSON only; use "
-                          '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}} or '
-                          '{"type": "json_object"}', "response_format")
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind == "json_object":
-        return {"type": "object"}
-    if kind == "json_schema":
-        spec = raw.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise bad_request("response_format.json_schema.schema must be a JSON Schema object",
-                              "response_format.json_schema.schema")
-        return spec["schema"]
-    raise bad_request(f"response_format type {kind!r} is not supported: use json_schema or json_object",
-                      "response_format.type")
-
-
-def job_options(body: dict[str, Any]) -> JobOptions:
-    """Decoding options from the request. temperature defaults to 0 (greedy) here, not 1."""
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    values = {"temperature": body.get("temperature"), "seed": body.get("seed"), "max_tokens": max_tokens}
-    for name, value in values.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-            raise bad_request(f"{name} must be a number", name)
-    return JobOptions(temperature=values["temperature"], seed=values["seed"], max_tokens=max_tokens)
-
-
-def check_request(body: Any) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    unknown = sorted(set(body) - KNOWN_FIELDS)
-    if unknown:
-        raise bad_request(f"unsupported parameter {unknown[0]!r}", unknown[0])
-    if body.get("n", 1) != 1:
-        raise bad_request("n must be 1", "n")
-    if body.get("stream"):
-        raise bad_request("stream is not supported yet: send the request without stream", "stream")
-    return body
-
-
-# --- the response ---------------------------------------------------------------------------
-
-def completion(job, model: str) -> dict[str, Any]:
-    """The chat.completion of a finished job, or an ApiError for one that failed."""
-    stats = job.stats or {}
-    if job.status == "succeeded":
-        content, finish = json.dumps(job.result, ensure_ascii=False, separators=(",", ":")), "stop"
-    elif job.status == "failed" and (job.error or "").startswith("truncated:"):
-        content, finish = None, "length"  # as OpenAI: the output hit max_tokens (or the context)
-    elif (job.error or "").startswith("document too long"):
-        raise bad_request(job.error, "messages")
-    else:
-        raise ApiError(500, f"the extraction failed: {job.error}")
-    prompt, output = stats.get("prompt_tokens", 0), stats.get("output_tokens", 0)
-    return {
-        "id": f"chatcmpl-{job.id.hex}", "object": "chat.completion", "created": int(job.created_at.timestamp()),
-        "model": model,
-        "choices": [{"index": 0, "finish_reason": finish, "logprobs": None,
-                     "message": {"role": "assistant", "content": content, "refusal": None}}],
-        "usage": {"prompt_tokens": prompt, "completion_tokens": output, "total_tokens": prompt + output},
-        "structspec": {"job_id": str(job.id), "schema_id": str(job.schema_id),
-                       **{k: stats.get(k) for k in ("strategy", "draft_len", "target_passes", "tokens_per_pass",
-                                                    "acceptance_rate")}},
-    }
+def sse(chunks: Iterator[dict[str, Any]]) -> Iterator[bytes]:
+    """Server-sent events: `data: {json}` per chunk, then `data: [DONE]`."""
+    for chunk in chunks:
+        yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
 
 
 class OpenAIController(Controller):
@@ -148,27 +61,72 @@ class OpenAIController(Controller):
     include_in_schema = False
 
     @post("/chat/completions", sync_to_thread=True, status_code=200,
-          summary="OpenAI-compatible chat completion with a JSON response_format",
-          description="One extraction job, waited on for up to STRUCTSPEC_CHAT_TIMEOUT_S (then 504). The "
-                      "response's `structspec` field carries the job id and its speculation stats.")
-    def chat_completions(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
-        body = check_request(data)
-        messages = chat_messages(body.get("messages"))
-        schema = response_schema(body.get("response_format"))
+          summary="OpenAI-compatible chat completion with a JSON response_format")
+    def chat_completions(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> ASGIResponse:
         jobs: JobService = provide_job_service(state, request)
-        options = jobs.resolve_options(job_options(body))
-        job_id = jobs.submit_chat(schema, messages, options, registered_by=f"POST {PREFIX}/chat/completions")
+        chat = read_chat_request(data, jobs)
+        job_id = jobs.submit_chat(chat.schema, chat.messages, chat.options, stream=chat.stream,
+                                  registered_by=f"POST {PREFIX}/chat/completions")
         settings: Settings = state.settings
+        model = served_model(settings.model)
+        if chat.stream:
+            # ASGI responses, not litestar's Stream: a Stream would take the route's media type (JSON)
+            return ASGIStreamingResponse(
+                iterator=sse(stream_chunks(jobs, job_id, model, settings.chat_timeout_s, chat.include_usage)),
+                media_type="text/event-stream", headers=SSE_HEADERS)
         job = jobs.wait_record(job_id, settings.chat_timeout_s)
         if job.finished_at is None:
             raise ApiError(504, f"the extraction did not finish within {settings.chat_timeout_s} s "
                                 f"(STRUCTSPEC_CHAT_TIMEOUT_S); job {job_id} goes on: GET /v1/extractions/{job_id}")
-        return completion(job, served_model(settings))
+        return ASGIResponse(body=json.dumps(completion(job, model), ensure_ascii=False).encode(),
+                            media_type=MediaType.JSON)
 
     @get("/models", sync_to_thread=False, summary="The served model (OpenAI's model list)")
     def models(self, state: State) -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": served_model(state.settings), "object": "model",
+        return {"object": "list", "data": [{"id": served_model(state.settings.model), "object": "model",
                                             "created": int(time.time()), "owned_by": "structspec"}]}
+
+    # --- files ---------------------------------------------------------------------------------
+
+    @post("/files", status_code=200, summary="Upload a batch input file (multipart: file, purpose)")
+    async def upload_file(self, request: Request, state: State, data: Annotated[
+            dict[str, Any], Body(media_type=RequestEncodingType.MULTI_PART)]) -> dict[str, Any]:
+        upload, purpose = data.get("file"), data.get("purpose")
+        if not isinstance(upload, UploadFile):
+            raise bad_request("a multipart field `file` holding the file is required", "file")
+        if not isinstance(purpose, str):
+            raise bad_request("a multipart field `purpose` is required (batch)", "purpose")
+        content = await upload.read()
+        service = batch_service(state, request)
+        return await anyio.to_thread.run_sync(service.upload, upload.filename or "upload.jsonl", purpose, content)
+
+    @get("/files/{file_id:str}", sync_to_thread=True, summary="A file's object")
+    def get_file(self, request: Request, state: State, file_id: str) -> dict[str, Any]:
+        return batch_service(state, request).file(file_id)
+
+    @get("/files/{file_id:str}/content", sync_to_thread=True, summary="A file's bytes",
+         media_type="application/octet-stream")
+    def file_content(self, request: Request, state: State, file_id: str) -> bytes:
+        return batch_service(state, request).file_content(file_id)
+
+    # --- batches -------------------------------------------------------------------------------
+
+    @post("/batches", sync_to_thread=True, status_code=200, summary="Create a batch from an uploaded file")
+    def create_batch(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
+        return batch_service(state, request).create(data)
+
+    @get("/batches", sync_to_thread=True, summary="The tenant's batches, newest first")
+    def list_batches(self, request: Request, state: State, after: str | None = None,
+                     limit: int = 20) -> dict[str, Any]:
+        return batch_service(state, request).list(after, limit)
+
+    @get("/batches/{batch_id:str}", sync_to_thread=True, summary="A batch: status, counts, files")
+    def get_batch(self, request: Request, state: State, batch_id: str) -> dict[str, Any]:
+        return batch_service(state, request).get(batch_id)
+
+    @post("/batches/{batch_id:str}/cancel", sync_to_thread=True, status_code=200, summary="Cancel a batch")
+    def cancel_batch(self, request: Request, state: State, batch_id: str) -> dict[str, Any]:
+        return batch_service(state, request).cancel(batch_id)
 
 
 def openai_error(request: Request, exc: Exception) -> Response:
@@ -187,6 +145,5 @@ def openai_error(request: Request, exc: Exception) -> Response:
 
 
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    """OpenAI's error object."""
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param,
-                      "code": code}}
+    """OpenAI's error response body."""
+    return {"error": error_object(status, message, param, code)}

@@ -196,7 +196,8 @@ class BatchCounts(msgspec.Struct, kw_only=True):
 
 class BatchRead(msgspec.Struct, kw_only=True):
     id: uuid.UUID
-    schema_id: uuid.UUID
+    schema_id: Annotated[uuid.UUID | None, msgspec.Meta(
+        description="null for a batch submitted in OpenAI's Batch format, whose requests carry their own schemas")]
     total: int
     counts: BatchCounts
     status: Annotated[str, msgspec.Meta(

@@ -97,16 +97,26 @@ class JobRepository:
             self.session.flush()
 
     def store(self, job_id: uuid.UUID, token: str, *, status: str, result: Any = None,
-              error: str | None = None, stats: dict[str, Any] | None = None) -> bool:
-        """Finish a held job; False (nothing written) when the lease was lost or it was cancelled."""
+              error: str | None = None, stats: dict[str, Any] | None = None,
+              partial: list[str] | None = None) -> bool:
+        """Finish a held job; False (nothing written) when the lease was lost or it was cancelled.
+        `partial`: a chat job's output text, piece by piece (worker/progress.py)."""
         values: dict[str, Any] = dict(status=status, result=result, error=error, stats=stats,
                                       finished_at=database_now(self.session), lease_until=None,
                                       completions=J.completions + 1)
         if stats:
             values.update(prefill_s=stats.get("prefill_s"), decode_s=stats.get("decode_s"))
+        if partial is not None:
+            values["partial"] = partial
         return self.session.execute(
             sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "running")
             .values(**values).execution_options(synchronize_session=False)).rowcount == 1
+
+    def write_partial(self, job_id: uuid.UUID, token: str, pieces: list[str]) -> bool:
+        """The output so far of a running streamed job (only by its lease owner)."""
+        return self.session.execute(
+            sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "running")
+            .values(partial=pieces).execution_options(synchronize_session=False)).rowcount == 1
 
     def stored_by(self, job_id: uuid.UUID, token: str) -> bool:
         """Whether `token` already stored this job (a store whose commit reply was lost with
@@ -198,6 +208,12 @@ class JobRepository:
                 latest = fin
         return counts, latest
 
+    def truncated_in_batch(self, batch_id: uuid.UUID) -> int:
+        """Failed jobs of the batch whose output hit max_tokens or the context (an OpenAI-format
+        batch answers those with finish_reason length, not as errors)."""
+        return self.session.scalar(sa.select(sa.func.count()).where(
+            J.batch_id == batch_id, J.status == "failed", J.error.like("truncated:%")))
+
     def batch_page(self, batch_id: uuid.UUID, after: int, limit: int) -> Sequence[JobRecord]:
         """Jobs of a batch with position > `after`, in input order."""
         q = (sa.select(JobRecord).where(J.batch_id == batch_id, J.position > after)
@@ -212,7 +228,7 @@ class BatchRepository:
     def get(self, batch_id: uuid.UUID) -> BatchRecord | None:
         return self.session.get(BatchRecord, batch_id)
 
-    def add(self, *, tenant: str, schema_id: uuid.UUID, total: int, options: dict[str, Any]) -> BatchRecord:
+    def add(self, *, tenant: str, schema_id: uuid.UUID | None, total: int, options: dict[str, Any]) -> BatchRecord:
         record = BatchRecord(id=uuid.uuid4(), tenant=tenant, schema_id=schema_id, total=total, options=options,
                              created_at=database_now(self.session))
         self.session.add(record)

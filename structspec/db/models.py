@@ -84,14 +84,15 @@ TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
 class BatchRecord(Base):
-    """A bulk submission: `total` jobs sharing a schema and options. Its counts and status are
-    derived from its jobs when read."""
+    """A bulk submission: `total` jobs sharing a schema and options (no schema: an OpenAI-format
+    batch, whose requests carry their own). Its counts and status are derived from its jobs
+    when read."""
 
     __tablename__ = "batches"
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
     tenant: Mapped[str] = tenant_column()
-    schema_id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id"))
+    schema_id: Mapped[uuid.UUID | None] = mapped_column(sa.Uuid, sa.ForeignKey("schemas.id"), nullable=True)
     total: Mapped[int] = mapped_column(sa.Integer)
     options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
@@ -120,6 +121,10 @@ class JobRecord(Base):
     # chat messages [{role, content}] of an OpenAI-compatible request: the prompt is these through
     # the model's chat template, and `document` holds their text; NULL for extraction jobs
     messages: Mapped[list[dict[str, str]] | None] = mapped_column(sa.JSON, nullable=True)
+    # the output text of a chat job as it was generated, one piece per target pass that added
+    # text: written with the result, and while it runs when `stream` is set (streamed replies)
+    partial: Mapped[list[str] | None] = mapped_column(sa.JSON, nullable=True)
+    stream: Mapped[bool] = mapped_column(sa.Boolean, default=False, server_default=sa.false())
     options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     status: Mapped[str] = mapped_column(sa.String(16), default="queued")
     result: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
@@ -138,6 +143,61 @@ class JobRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+# --- the OpenAI-compatible Files and Batches (structspec/api/openai.py) ----------------------
+
+class FileRecord(Base):
+    """An uploaded file (purpose `batch`: a batch's input) or one the service wrote (purpose
+    `batch_output`: a batch's output and error files). Ids look like OpenAI's: `file-<hex>`."""
+
+    __tablename__ = "files"
+    __table_args__ = (sa.Index("ix_files_tenant_created_at", "tenant", "created_at"),)
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant: Mapped[str] = tenant_column()
+    purpose: Mapped[str] = mapped_column(sa.String(32))
+    filename: Mapped[str] = mapped_column(sa.String(255))
+    bytes: Mapped[int] = mapped_column(sa.Integer)
+    content: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+OPENAI_BATCH_STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",
+                         "cancelling", "cancelled")
+
+
+class OpenAIBatchRecord(Base):
+    """A batch in OpenAI's Batch format: its requests run as the jobs of `batch_id` (a
+    structspec batch with no schema), `position` their input line order and `doc_id` their
+    custom_id. `invalid` keeps the input lines refused at validation, for the error file."""
+
+    __tablename__ = "openai_batches"
+    __table_args__ = (sa.Index("ix_openai_batches_tenant_created_at", "tenant", "created_at"),)
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True)
+    tenant: Mapped[str] = tenant_column()
+    batch_id: Mapped[uuid.UUID | None] = mapped_column(
+        sa.Uuid, sa.ForeignKey("batches.id", ondelete="SET NULL"), nullable=True)
+    input_file_id: Mapped[str] = mapped_column(sa.String(40))
+    endpoint: Mapped[str] = mapped_column(sa.String(64))
+    completion_window: Mapped[str] = mapped_column(sa.String(16))
+    metadata_: Mapped[dict[str, str] | None] = mapped_column("metadata", sa.JSON, nullable=True)
+    status: Mapped[str] = mapped_column(sa.String(16))
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(sa.JSON, nullable=True)
+    total: Mapped[int] = mapped_column(sa.Integer, default=0)
+    invalid: Mapped[list[dict[str, Any]]] = mapped_column(sa.JSON)
+    output_file_id: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    error_file_id: Mapped[str | None] = mapped_column(sa.String(40), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    in_progress_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finalizing_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    expired_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelling_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 # --- acceptance statistics (structspec/stats) -------------------------------------------------

@@ -250,7 +250,7 @@ class Engine:
             sched.prefilled(seq, n)
         for b, seq in enumerate(decoding):
             gaps = margins(logits, bitmask, packed.cu_list[b] + b, len(emitted[b])) if seq.margins is not None else None
-            before = len(seq.out)
+            before, before_bytes = len(seq.out), len(seq.out_bytes)
             try:
                 commit(seq, emitted[b], self.loaded.eos_token_ids, self.token_text.bytes_of, len(decoding))
             except Exception as e:
@@ -258,10 +258,22 @@ class Engine:
                 continue
             if gaps is not None:
                 seq.margins += gaps[:len(seq.out) - before]
+            if seq.request.on_output is not None and len(seq.out_bytes) > before_bytes:
+                self._emit(seq, bytes(seq.out_bytes[before_bytes:]))
         step_s = time.perf_counter() - t0
         self._account(packed, prefill, decoding, step_s, t2 - t1, t3 - t2)
         done += [self._finish(s, None) for s in list(sched.running) if s.stop_reason]
         return done
+
+    @staticmethod
+    def _emit(seq: Sequence, data: bytes) -> None:
+        """Hand a pass's output bytes to the request's hook; one that raises is dropped."""
+        try:
+            seq.request.on_output(data)
+        except Exception as e:
+            log.warning("request %s: on_output raised %s: %s; no more output is handed to it", seq.id,
+                        type(e).__name__, preview(e))
+            seq.request.on_output = None
 
     @staticmethod
     def _isolate_suspect(prefill: list[tuple[Sequence, int]], decoding: list[Sequence]):

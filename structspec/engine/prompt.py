@@ -49,6 +49,47 @@ class UnsafeText(ValueError):
     text; the request is refused rather than let that text act as prompt structure."""
 
 
+class MessagesError(ValueError):
+    """Chat messages that cannot be a prompt; `param` names the faulty part (messages.1.role)."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def chat_messages(raw) -> list[dict[str, str]]:
+    """OpenAI-style chat messages as [{role, content}] with text content (developer counts as
+    system; content parts must be text); MessagesError otherwise."""
+    if not isinstance(raw, list) or not raw:
+        raise MessagesError("messages must be a non-empty array of {role, content}", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages.{i}"
+        if not isinstance(m, dict) or m.get("role") not in CHAT_ROLES:
+            raise MessagesError(f"{where}: role must be one of {', '.join(sorted(CHAT_ROLES))}", f"{where}.role")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: text only
+            if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                       for p in content):
+                raise MessagesError(f"{where}: only text content parts are supported", f"{where}.content")
+            content = "".join(p["text"] for p in content)
+        if not isinstance(content, str):
+            raise MessagesError(f"{where}: content must be a string or text parts", f"{where}.content")
+        if "\x00" in content:
+            raise MessagesError(f"{where}: content must not contain U+0000", f"{where}.content")
+        out.append({"role": CHAT_ROLES[m["role"]], "content": content})
+    return out
+
+
+def messages_text(messages: list[dict[str, str]]) -> str:
+    """The text of chat messages, as one document: what a chat job stores, what its size is
+    checked on, and what the n-gram proposers draft from."""
+    return "\n\n".join(m["content"] for m in messages)
+
+
 def user_message(schema: dict, document: str) -> str:
     schema_text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
     return f"JSON Schema:\n{schema_text}\n\nDocument:\n{document}"

@@ -6,7 +6,7 @@ import enum
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence as Seq
+from typing import Any, Callable, Sequence as Seq
 
 import torch
 
@@ -39,6 +39,9 @@ class Request:
     # decode this request with no other sequence in the engine (a job retried after its worker
     # died: if the document is what crashes the process, it takes no neighbour with it)
     isolate: bool = False
+    # called from the engine's thread with the output bytes each pass adds (streamed replies);
+    # it must be quick and must not raise (an exception is logged and the hook dropped)
+    on_output: Callable[[bytes], None] | None = None
 
 
 @dataclass

@@ -6,9 +6,12 @@ The last test turns auth on (it creates a key), so it runs last in this module.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -85,22 +88,66 @@ def test_json_object_and_the_model_list(client, deployment):
     assert [m.id for m in client.models.list()] == [deployment[2]]
 
 
-def test_greedy_output_equals_none_on_the_same_messages(client, deployment):
-    """Through the surface (auto strategy, speculation) vs the engine alone with `none`."""
-    from structspec.engine.engine import Engine
-    from structspec.engine.model import load_model
-    from structspec.options import RequestOptions
-
+def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, deployment, tmp_path):
+    """Through the surface (auto strategy, speculation) vs `structspec extract --messages
+    --strategy none`: the CLI prints the value, so the comparison is of the parsed JSON."""
     r = client.chat.completions.create(
         model="m", messages=MESSAGES, max_tokens=64, temperature=0,
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
     _, settings, model = deployment
-    engine = Engine(load_model(model, cache_dir=settings.cache_dir), kernel_backend="torch")
-    chat = [{"role": m["role"], "content": m["content"]} for m in MESSAGES]
-    alone = engine.extract(PERSON, "\n\n".join(m["content"] for m in chat),
-                           RequestOptions(strategy="none", max_tokens=64), messages=chat)
-    assert alone.status == "succeeded", alone.error
-    assert json.loads(r.choices[0].message.content) == alone.value
+    (tmp_path / "person.json").write_text(json.dumps(PERSON))
+    (tmp_path / "chat.json").write_text(json.dumps({"messages": MESSAGES}))
+    env = {**os.environ, "STRUCTSPEC_DATA_DIR": str(tmp_path / "cli"), "STRUCTSPEC_CACHE_DIR": str(settings.cache_dir)}
+    cli = subprocess.run([sys.executable, "-m", "structspec.cli", "extract", "--model", model, "--strategy", "none",
+                          "--max-tokens", "64", "--schema", str(tmp_path / "person.json"), "--messages",
+                          str(tmp_path / "chat.json")], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    assert json.loads(r.choices[0].message.content) == json.loads(cli.stdout)
+
+
+def test_extract_messages_names_a_bad_messages_file(tmp_path):
+    (tmp_path / "s.json").write_text(json.dumps(TINY_SCHEMA))
+    (tmp_path / "chat.json").write_text(json.dumps([{"role": "robot", "content": "hi"}]))
+    cli = subprocess.run([sys.executable, "-m", "structspec.cli", "extract", "--schema", str(tmp_path / "s.json"),
+                          "--messages", str(tmp_path / "chat.json")], capture_output=True, text=True, timeout=120,
+                         cwd=ROOT)
+    assert cli.returncode == 2, cli.stderr
+    assert f"messages file {tmp_path / 'chat.json'}: messages.0: role must be one of" in cli.stderr
+
+
+def test_streaming_reassembles_to_the_same_json_as_without(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    whole = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, response_format=fmt)
+    chunks = list(client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, response_format=fmt,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces) == whole.choices[0].message.content  # the same text, not only the same value
+    [final] = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert final.choices[0].finish_reason == "stop" and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    passes = final.model_extra["structspec"]["target_passes"]
+    assert 1 <= len(pieces) <= passes  # one piece per target pass at most: a pass's accepted tokens travel together
+    if final.model_extra["structspec"]["tokens_per_pass"] > 1:
+        assert len(pieces) < whole.usage.completion_tokens
+
+
+def test_a_stream_whose_client_goes_away_cancels_its_job(deployment):
+    base, _, _ = deployment
+    body = {"model": "m", "messages": MESSAGES, "max_tokens": 1500, "stream": True,
+            "response_format": {"type": "json_object"}}
+    with httpx.stream("POST", f"{base}/openai/v1/chat/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        first = next(r.iter_lines())
+    job_id = str(uuid.UUID(json.loads(first.removeprefix("data: "))["id"].removeprefix("chatcmpl-")))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{base}/v1/extractions/{job_id}", timeout=10).json()
+        if job["status"] != "running" and job["status"] != "queued":
+            break
+        time.sleep(0.2)
+    assert job["status"] == "cancelled", job  # 1500 tokens take the tiny model far longer than this test
 
 
 def test_bad_requests_are_openai_errors_naming_the_parameter(client):
@@ -108,8 +155,8 @@ def test_bad_requests_are_openai_errors_naming_the_parameter(client):
         client.chat.completions.create(model="m", messages=MESSAGES)
     assert e.value.status_code == 400 and "response_format is required" in e.value.message
     assert e.value.body["param"] == "response_format" and e.value.body["type"] == "invalid_request_error"
-    with pytest.raises(openai.BadRequestError, match="stream is not supported yet"):
-        client.chat.completions.create(model="m", messages=MESSAGES, stream=True,
+    with pytest.raises(openai.BadRequestError, match="stream_options may only hold include_usage"):
+        client.chat.completions.create(model="m", messages=MESSAGES, stream=True, stream_options={"x": 1},
                                        response_format={"type": "json_object"})
     with pytest.raises(openai.BadRequestError, match="n must be 1"):
         client.chat.completions.create(model="m", messages=MESSAGES, n=2, response_format={"type": "json_object"})
@@ -117,6 +164,99 @@ def test_bad_requests_are_openai_errors_naming_the_parameter(client):
         client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=0,
                                        response_format={"type": "json_object"})
     assert e.value.body["param"] == "max_tokens", e.value.body
+
+
+def batch_line(custom_id: str, schema: dict, text: str, **body) -> dict:
+    return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": "m", "max_tokens": 48, "messages": [{"role": "user", "content": text}],
+                     "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}},
+                     **body}}
+
+
+def upload(client: openai.OpenAI, lines: list) -> str:
+    data = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines).encode()
+    return client.files.create(file=("requests.jsonl", io.BytesIO(data)), purpose="batch").id
+
+
+def wait_batch(client: openai.OpenAI, batch_id: str, timeout: float = 240):
+    deadline = time.monotonic() + timeout
+    while True:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in ("completed", "failed", "expired", "cancelled") or time.monotonic() > deadline:
+            return batch
+        time.sleep(0.5)
+
+
+def file_lines(client: openai.OpenAI, file_id: str) -> dict[str, dict]:
+    lines = [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+    by_id = {line["custom_id"]: line for line in lines}
+    assert len(by_id) == len(lines)
+    return by_id
+
+
+def test_files_and_batches_twenty_lines_two_bad(client):
+    schemas = [TINY_SCHEMA, PERSON]
+    lines = [batch_line(f"req-{i}", schemas[i % 2], f"Item {i}: label b, ok; Ada was {i} years old.")
+             for i in range(20)]
+    lines[5]["body"].pop("response_format")  # 400: response_format is required
+    lines[12]["url"] = "/v1/embeddings"  # not the batch's endpoint
+    file_id = upload(client, lines)
+    info = client.files.retrieve(file_id)
+    assert info.purpose == "batch" and info.bytes > 0 and info.filename == "requests.jsonl"
+    created = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions",
+                                    completion_window="24h", metadata={"run": "test"})
+    assert created.status == "in_progress" and created.request_counts.total == 20
+    assert created.metadata == {"run": "test"}
+    batch = wait_batch(client, created.id)
+    assert batch.status == "completed", batch
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (20, 18, 2)
+    assert batch.completed_at >= batch.finalizing_at >= batch.in_progress_at >= batch.created_at
+    outputs, errors = file_lines(client, batch.output_file_id), file_lines(client, batch.error_file_id)
+    assert set(errors) == {"req-5", "req-12"}
+    assert set(outputs) == {f"req-{i}" for i in range(20)} - {"req-5", "req-12"}
+    assert "response_format is required" in errors["req-5"]["response"]["body"]["error"]["message"]
+    assert errors["req-12"]["response"]["status_code"] == 400
+    assert errors["req-12"]["response"]["body"]["error"]["param"] == "url"
+    for custom_id, line in outputs.items():
+        response = line["response"]
+        assert response["status_code"] == 200 and line["error"] is None
+        choice = response["body"]["choices"][0]
+        if choice["finish_reason"] == "stop":  # per-line schemas: each answer matches its own
+            jsonschema.validate(json.loads(choice["message"]["content"]), schemas[int(custom_id[4:]) % 2])
+        assert response["body"]["structspec"]["job_id"] == response["request_id"]
+    assert created.id in [b.id for b in client.batches.list(limit=100)]
+
+
+def test_a_file_that_cannot_be_keyed_fails_the_batch_at_validation(client):
+    file_id = upload(client, [batch_line("a", TINY_SCHEMA, "x"), "not json", batch_line("a", TINY_SCHEMA, "y"),
+                              {"method": "POST"}])
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    assert batch.status == "failed" and batch.failed_at
+    assert [(e.code, e.line) for e in batch.errors.data] == [
+        ("invalid_json_line", 2), ("duplicate_custom_id", 3), ("missing_custom_id", 4)]
+    with pytest.raises(openai.BadRequestError, match="endpoint '/v1/embeddings' is not served"):
+        client.batches.create(input_file_id=file_id, endpoint="/v1/embeddings", completion_window="24h")
+    with pytest.raises(openai.NotFoundError, match="no file with id file-nope"):
+        client.batches.create(input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h")
+    with pytest.raises(openai.BadRequestError, match="purpose 'fine-tune' is not served"):
+        client.files.create(file=("x.jsonl", io.BytesIO(b"{}\n")), purpose="fine-tune")
+
+
+def test_cancelling_a_batch_reports_what_did_not_run(client):
+    lines = [batch_line(f"c{i}", {"type": "object"}, "go on and on", max_tokens=400) for i in range(12)]
+    created = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions",
+                                    completion_window="24h")
+    cancelling = client.batches.cancel(created.id)
+    assert cancelling.status == "cancelling" and cancelling.cancelling_at
+    batch = wait_batch(client, created.id, 60)
+    assert batch.status == "cancelled" and batch.cancelled_at
+    counts = batch.request_counts
+    assert counts.total == 12 and counts.completed + counts.failed == 12 and counts.failed > 0
+    errors = file_lines(client, batch.error_file_id)
+    assert len(errors) == counts.failed
+    assert all(e["error"]["code"] == "batch_cancelled" and e["response"] is None for e in errors.values())
+    with pytest.raises(openai.ConflictError, match="only a batch in progress can be cancelled"):
+        client.batches.cancel(created.id)
 
 
 def doc_example(kind: str, base: str) -> str:
@@ -163,4 +303,18 @@ def test_with_keys_a_wrong_key_is_an_authentication_error_and_the_right_one_work
     job_id = r.model_extra["structspec"]["job_id"]  # an ordinary job of the key's tenant
     job = httpx.get(f"{base}/v1/extractions/{job_id}", headers={"authorization": f"Bearer {key}"}, timeout=30)
     assert job.status_code == 200 and job.json()["status"] == "succeeded", job.text
+
+    # another tenant's batch and files are unknown ids
+    file_id = upload(right, [batch_line("only", TINY_SCHEMA, "label a, ok")])
+    batch = right.batches.create(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    _, other_key = create_key(make_session_factory(make_engine(settings.database_url)), "other", "globex")
+    other = openai.OpenAI(base_url=f"{base}/openai/v1", api_key=other_key, max_retries=0)
+    with pytest.raises(openai.NotFoundError, match=f"no batch with id {batch.id}"):
+        other.batches.retrieve(batch.id)
+    with pytest.raises(openai.NotFoundError):
+        other.batches.cancel(batch.id)
+    with pytest.raises(openai.NotFoundError, match=f"no file with id {file_id}"):
+        other.files.content(file_id)
+    assert batch.id not in [b.id for b in other.batches.list()]
+    assert wait_batch(right, batch.id).status == "completed"
 

@@ -58,12 +58,12 @@ class JobService:
         return JobAccepted(id=self._queue_one(schema_id, data.document, options), status="queued")
 
     def _queue_one(self, schema_id: uuid.UUID, document: str, options: RequestOptions,
-                   messages: list[dict[str, str]] | None = None) -> uuid.UUID:
+                   messages: list[dict[str, str]] | None = None, stream: bool = False) -> uuid.UUID:
         """Store one queued job and publish it (deleted again if the broker is down)."""
         with self.session_factory.begin() as session:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
                                                              document=document, messages=messages,
-                                                             options=options.as_dict())])
+                                                             options=options.as_dict(), stream=stream)])
         self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
                       what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
@@ -219,24 +219,41 @@ class JobService:
                 ErrorItem(path=f"/options/{e.option}", message=str(e), source="body")]) from None
 
     def submit_chat(self, schema: dict[str, Any], messages: list[dict[str, str]], options: RequestOptions,
-                    registered_by: str) -> uuid.UUID:
+                    registered_by: str, stream: bool = False) -> uuid.UUID:
         """One job prompted with chat `messages` ({role, content}) through the model's chat
         template (the OpenAI-compatible surface); their text is the job's document, which the
-        n-gram proposers draft from. The schema is registered, or reused, by its content."""
+        n-gram proposers draft from. The schema is registered, or reused, by its content.
+        `stream`: the worker writes the output text while it runs (jobs.partial)."""
         schema_id = self._resolve_schema(None, schema, registered_by)
-        text = "\n\n".join(m["content"] for m in messages)
+        from structspec.engine.prompt import messages_text
+
+        text = messages_text(messages)
         self._check_document(text, "/messages")
-        return self._queue_one(schema_id, text, options, messages)
+        return self._queue_one(schema_id, text, options, messages, stream)
+
+    def record(self, job_id: uuid.UUID) -> JobRecord:
+        """The job's row as it is now."""
+        with self.session_factory() as session:
+            return self._job(session, str(job_id))
 
     def wait_record(self, job_id: uuid.UUID, seconds: float) -> JobRecord:
         """The job's row once finished, or as it is after `seconds`."""
         deadline = time.monotonic() + seconds
         while True:
-            with self.session_factory() as session:
-                job = self._job(session, str(job_id))
+            job = self.record(job_id)
             if job.status in TERMINAL_STATUSES or time.monotonic() >= deadline:
                 return job
             time.sleep(min(WAIT_POLL_S, max(0.0, deadline - time.monotonic())))
+
+    def cancel_quietly(self, job_id: uuid.UUID) -> None:
+        """Cancel a job nobody waits for any more (a streamed reply whose client went away);
+        a finished one stays as it is."""
+        try:
+            with self.session_factory.begin() as session:
+                if JobRepository(session).cancel(job_id):
+                    log.info("job cancelled: its streaming client went away", extra={"job_id": str(job_id)})
+        except Exception as e:  # the reply is gone either way; the job then just runs to its end
+            log.warning("could not cancel job %s after its client went away: %s", job_id, preview(e))
 
     def _resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None,
                         registered_by: str = "POST /v1/extractions") -> uuid.UUID:
