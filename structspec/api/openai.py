@@ -6,7 +6,8 @@ structspec's own /v1 routes (its /v1/batches in particular): clients set
                                              waited on, or streamed as SSE with stream: true
     GET  /openai/v1/models                   the served model
     POST /openai/v1/files                    multipart upload of a batch input (purpose batch)
-    GET  /openai/v1/files/{id}[/content]     a file's object, or its bytes
+    GET  /openai/v1/files[/{id}[/content]]   list, a file's object, or its bytes
+    DELETE /openai/v1/files/{id}
     POST /openai/v1/batches                  OpenAI's Batch format, endpoint /v1/chat/completions
     GET  /openai/v1/batches[/{id}]           list (newest first), or one
     POST /openai/v1/batches/{id}/cancel
@@ -25,7 +26,7 @@ import time
 from typing import Annotated, Any, Iterator
 
 import anyio
-from litestar import Controller, MediaType, Request, Response, get, post
+from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.datastructures import State, UploadFile
 from litestar.enums import RequestEncodingType
 from litestar.params import Body, JSONBody
@@ -47,11 +48,37 @@ def batch_service(state: State, request: Request) -> OpenAIBatchService:
     return OpenAIBatchService(provide_job_service(state, request))
 
 
-def sse(chunks: Iterator[dict[str, Any]]) -> Iterator[bytes]:
-    """Server-sent events: `data: {json}` per chunk, then `data: [DONE]`."""
-    for chunk in chunks:
-        yield b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
+class EventStream(ASGIStreamingResponse):
+    """Server-sent events: `data: {json}` per chunk of `chunks` (a blocking iterator, read in a
+    worker thread; None: nothing new yet), then `data: [DONE]`. The iterator is closed when the
+    stream ends for any reason, the client disconnecting included, so its cleanup runs then."""
+
+    def __init__(self, chunks: Iterator[dict[str, Any] | None]):
+        super().__init__(iterator=(), media_type="text/event-stream", headers=SSE_HEADERS)  # no content-length
+        self.chunks = chunks
+
+    async def send_body(self, send, receive) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
+                while (chunk := await anyio.to_thread.run_sync(next, self.chunks, _END)) is not _END:
+                    if chunk is not None:
+                        data = b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.chunks.close)
+
+    @staticmethod
+    async def _watch_disconnect(receive, scope: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        scope.cancel()
+
+
+_END = object()
 
 
 class OpenAIController(Controller):
@@ -70,10 +97,8 @@ class OpenAIController(Controller):
         settings: Settings = state.settings
         model = served_model(settings.model)
         if chat.stream:
-            # ASGI responses, not litestar's Stream: a Stream would take the route's media type (JSON)
-            return ASGIStreamingResponse(
-                iterator=sse(stream_chunks(jobs, job_id, model, settings.chat_timeout_s, chat.include_usage)),
-                media_type="text/event-stream", headers=SSE_HEADERS)
+            # ASGI responses, not litestar's Stream (which would take the route's media type, JSON)
+            return EventStream(stream_chunks(jobs, job_id, model, settings.chat_timeout_s, chat.include_usage))
         job = jobs.wait_record(job_id, settings.chat_timeout_s)
         if job.finished_at is None:
             raise ApiError(504, f"the extraction did not finish within {settings.chat_timeout_s} s "
@@ -99,6 +124,15 @@ class OpenAIController(Controller):
         content = await upload.read()
         service = batch_service(state, request)
         return await anyio.to_thread.run_sync(service.upload, upload.filename or "upload.jsonl", purpose, content)
+
+    @get("/files", sync_to_thread=True, summary="The tenant's files, newest first")
+    def list_files(self, request: Request, state: State, purpose: str | None = None, after: str | None = None,
+                   limit: int = 10_000) -> dict[str, Any]:
+        return batch_service(state, request).files(purpose, after, limit)
+
+    @delete("/files/{file_id:str}", sync_to_thread=True, status_code=200, summary="Delete a file")
+    def delete_file(self, request: Request, state: State, file_id: str) -> dict[str, Any]:
+        return batch_service(state, request).delete_file(file_id)
 
     @get("/files/{file_id:str}", sync_to_thread=True, summary="A file's object")
     def get_file(self, request: Request, state: State, file_id: str) -> dict[str, Any]:

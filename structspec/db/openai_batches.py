@@ -7,7 +7,7 @@ import uuid
 from typing import Any, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from structspec.db.columns import database_now
 from structspec.db.models import FileRecord, OpenAIBatchRecord
@@ -33,6 +33,17 @@ class FileRepository:
         record = self.session.get(FileRecord, file_id)
         return record if record is not None and record.tenant == self.tenant else None
 
+    def delete(self, file_id: str) -> bool:
+        return self.session.execute(sa.delete(FileRecord).where(
+            FileRecord.id == file_id, FileRecord.tenant == self.tenant)).rowcount == 1
+
+    def page(self, purpose: str | None, after: str | None, limit: int) -> Sequence[FileRecord]:
+        """Newest first, without their content; `after`: the last id of the previous page."""
+        q = sa.select(FileRecord).where(FileRecord.tenant == self.tenant).options(defer(FileRecord.content))
+        if purpose is not None:
+            q = q.where(FileRecord.purpose == purpose)
+        return newest_first(self.session, q, FileRecord, after, self.get, limit)
+
 
 class OpenAIBatchRepository:
     def __init__(self, session: Session, tenant: str):
@@ -50,14 +61,26 @@ class OpenAIBatchRepository:
                                                OpenAIBatchRecord.tenant == self.tenant)
         return self.session.scalars(q.with_for_update() if for_update else q).first()
 
+    def start_finalizing(self, batch_id: str, status: str, now) -> bool:
+        """Take the batch from `status` to finalizing; False when another reader did first."""
+        B = OpenAIBatchRecord
+        return self.session.execute(
+            sa.update(B).where(B.id == batch_id, B.status.in_((status, "in_progress", "cancelling")))
+            .values(status="finalizing", finalizing_at=now).execution_options(synchronize_session=False)).rowcount == 1
+
     def page(self, after: str | None, limit: int) -> Sequence[OpenAIBatchRecord]:
         """Newest first; `after`: the last id of the previous page."""
-        B = OpenAIBatchRecord
-        q = sa.select(B).where(B.tenant == self.tenant)
-        if after is not None:
-            cursor = self.get(after)
-            if cursor is None:
-                return []
-            q = q.where(sa.or_(B.created_at < cursor.created_at,
-                               sa.and_(B.created_at == cursor.created_at, B.id < cursor.id)))
-        return self.session.scalars(q.order_by(B.created_at.desc(), B.id.desc()).limit(limit)).all()
+        q = sa.select(OpenAIBatchRecord).where(OpenAIBatchRecord.tenant == self.tenant)
+        return newest_first(self.session, q, OpenAIBatchRecord, after, self.get, limit)
+
+
+def newest_first(session: Session, q, model, after: str | None, get, limit: int):
+    """A page of `q` by (created_at, id) descending, after the row with id `after` (read with
+    `get`; an unknown id: an empty page)."""
+    if after is not None:
+        cursor = get(after)
+        if cursor is None:
+            return []
+        q = q.where(sa.or_(model.created_at < cursor.created_at,
+                           sa.and_(model.created_at == cursor.created_at, model.id < cursor.id)))
+    return session.scalars(q.order_by(model.created_at.desc(), model.id.desc()).limit(limit)).all()

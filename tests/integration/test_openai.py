@@ -225,6 +225,10 @@ def test_files_and_batches_twenty_lines_two_bad(client):
             jsonschema.validate(json.loads(choice["message"]["content"]), schemas[int(custom_id[4:]) % 2])
         assert response["body"]["structspec"]["job_id"] == response["request_id"]
     assert created.id in [b.id for b in client.batches.list(limit=100)]
+    assert {file_id, batch.output_file_id, batch.error_file_id} <= {f.id for f in client.files.list()}
+    assert client.files.delete(file_id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(file_id)
 
 
 def test_a_file_that_cannot_be_keyed_fails_the_batch_at_validation(client):
@@ -259,6 +263,29 @@ def test_cancelling_a_batch_reports_what_did_not_run(client):
         client.batches.cancel(created.id)
 
 
+def test_a_batch_past_its_completion_window_expires_with_what_finished(client, deployment):
+    from datetime import timedelta
+
+    from structspec.db.columns import utcnow
+    from structspec.db.models import OpenAIBatchRecord
+    from structspec.db.session import make_engine, make_session_factory
+
+    lines = [batch_line(f"e{i}", {"type": "object"}, "go on and on", max_tokens=400) for i in range(12)]
+    created = client.batches.create(input_file_id=upload(client, lines), endpoint="/v1/chat/completions",
+                                    completion_window="24h")
+    assert created.expires_at - created.created_at == 24 * 3600
+    engine = make_engine(deployment[1].database_url)
+    with make_session_factory(engine).begin() as session:  # as if 24 hours had passed
+        session.get(OpenAIBatchRecord, created.id).expires_at = utcnow() - timedelta(seconds=1)
+    engine.dispose()
+    batch = client.batches.retrieve(created.id)
+    assert batch.status == "expired" and batch.expired_at and batch.output_file_id != batch.error_file_id
+    counts = batch.request_counts
+    assert counts.completed + counts.failed == 12 and counts.failed > 0
+    errors = file_lines(client, batch.error_file_id)
+    assert {e["error"]["code"] for e in errors.values()} == {"batch_expired"}
+
+
 def doc_example(kind: str, base: str) -> str:
     """The fenced block after `<!-- example: {kind} ...-->` in docs/api.md, pointed at `base`."""
     text = (ROOT / "docs" / "api.md").read_text()
@@ -268,7 +295,7 @@ def doc_example(kind: str, base: str) -> str:
     return body[:body.index("```")].replace("http://127.0.0.1:8000", base)
 
 
-def test_the_docs_examples_run_as_written(deployment):
+def test_the_docs_examples_run_as_written(deployment, tmp_path):
     base, _, _ = deployment
     python = subprocess.run([sys.executable, "-c", doc_example("python", base)], capture_output=True, text=True,
                             timeout=120)
@@ -276,6 +303,16 @@ def test_the_docs_examples_run_as_written(deployment):
     parsed, extra = python.stdout.splitlines()
     assert parsed.startswith("name=") and " age=" in parsed, parsed  # print(Person(...))
     assert "'job_id'" in extra and "'strategy'" in extra
+    stream = subprocess.run([sys.executable, "-c", doc_example("python-stream", base)], capture_output=True,
+                            text=True, timeout=120)
+    assert stream.returncode == 0 and stream.stdout.startswith("{"), stream.stderr[-3000:]
+    batch = subprocess.run([sys.executable, "-c", doc_example("python-batch", base)], capture_output=True, text=True,
+                           timeout=180, cwd=tmp_path)
+    assert batch.returncode == 0, batch.stderr[-3000:]
+    status, *answers = batch.stdout.splitlines()
+    assert status.startswith("completed ") and "completed=2" in status, status
+    assert [a.split(" ", 1)[0] for a in answers] == ["doc-0", "doc-1"]
+    assert all("name" in json.loads(a.split(" ", 1)[1]) for a in answers)
     curl = subprocess.run(["bash", "-c", doc_example("curl", base)], capture_output=True, text=True, timeout=120)
     assert curl.returncode == 0, curl.stderr
     completion = json.loads(curl.stdout)

@@ -172,12 +172,13 @@ def completion(job: JobRecord, model: str) -> dict[str, Any]:
 
 
 def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: float,
-                  include_usage: bool) -> Iterator[dict[str, Any]]:
+                  include_usage: bool) -> Iterator[dict[str, Any] | None]:
     """chat.completion.chunk objects for a queued streamed job, as its text is written: one
     chunk per piece the worker stored (a piece holds the text of one target pass, several
     tokens when a draft was accepted), then one with the finish_reason (and one with usage
-    when asked). A failure mid-way ends with {"error": ...}, as OpenAI's stream does. A client
-    that goes away cancels the job."""
+    when asked); None after each poll that found nothing new, so the caller can notice a
+    client that went away. A failure mid-way ends with {"error": ...}, as OpenAI's stream
+    does. Closed before the end (the client went away), it cancels the job."""
     deadline = time.monotonic() + timeout_s
     sent, created = 0, int(time.time())
     base = {"id": f"chatcmpl-{job_id.hex}", "object": "chat.completion.chunk", "created": created, "model": model}
@@ -191,7 +192,7 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
         yield chunk({"role": "assistant", "content": ""})
         while True:
             job = jobs.record(job_id)
-            pieces = job.partial or []
+            pieces, sent_before = job.partial or [], sent
             for piece in pieces[sent:]:
                 yield chunk({"content": piece})
             sent = len(pieces)
@@ -212,6 +213,8 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
                                                   f"GET /v1/extractions/{job_id}")}
                 finished = True
                 return
+            if len(pieces) == sent_before:
+                yield None
             time.sleep(STREAM_POLL_S)
     finally:
         if not finished:  # the client went away: nobody will read this job
@@ -233,6 +236,12 @@ def file_object(record) -> dict[str, Any]:
     return {"id": record.id, "object": "file", "bytes": record.bytes, "created_at": int(record.created_at.timestamp()),
             "filename": record.filename, "purpose": record.purpose, "status": "processed", "expires_at": None,
             "status_details": None}
+
+
+def listing(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page (the SDKs follow `after=last_id` while has_more)."""
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
 
 
 def _ts(value) -> int | None:
@@ -313,6 +322,19 @@ class OpenAIBatchService:
     def file_content(self, file_id: str) -> bytes:
         with self.session_factory() as session:
             return self._file(session, file_id).content
+
+    def files(self, purpose: str | None, after: str | None, limit: int) -> dict[str, Any]:
+        if not 1 <= limit <= 10_000:
+            raise bad_request("limit must be between 1 and 10000", "limit")
+        with self.session_factory() as session:
+            page = FileRepository(session, self.tenant).page(purpose, after, limit + 1)
+            return listing([file_object(f) for f in page[:limit]], len(page) > limit)
+
+    def delete_file(self, file_id: str) -> dict[str, Any]:
+        with self.session_factory.begin() as session:
+            if not FileRepository(session, self.tenant).delete(file_id):
+                raise NotFoundError(f"no file with id {file_id}")
+        return {"id": file_id, "object": "file", "deleted": True}
 
     def _file(self, session, file_id: str):
         record = FileRepository(session, self.tenant).get(file_id)
@@ -419,8 +441,7 @@ class OpenAIBatchService:
         with self.session_factory.begin() as session:
             page = OpenAIBatchRepository(session, self.tenant).page(after, limit + 1)
             data = [self._object(session, self._refresh(session, r)) for r in page[:limit]]
-        return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None, "has_more": len(page) > limit}
+        return listing(data, len(page) > limit)
 
     def cancel(self, batch_id: str) -> dict[str, Any]:
         with self.session_factory.begin() as session:
@@ -455,6 +476,10 @@ class OpenAIBatchService:
         if unfinished:
             return record
         final = {"in_progress": "completed", "cancelling": "cancelled", "expired": "expired"}[record.status]
+        # only one reader writes the files (a row lock on PostgreSQL already; SQLite: this)
+        if not OpenAIBatchRepository(session, self.tenant).start_finalizing(record.id, record.status, now):
+            session.refresh(record)
+            return record
         record.finalizing_at = now
         outputs, errors = self._result_lines(session, record, final)
         files = FileRepository(session, self.tenant)
