@@ -120,7 +120,7 @@ def cmd_extract(args) -> int:
     local = open_local_stats(settings, schema, args.schema) if opts.strategy == AUTO else None
     verbatim = uses_verbatim(schema, opts.verbatim)  # verbatim runs learn from verbatim runs only
     engine = build_engine(settings)
-    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats)
+    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans)
 
 
 def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
@@ -137,7 +137,7 @@ def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
 
 
 def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | None]], opts, local, verbatim: bool,
-                  show_stats: bool) -> int:
+                  show_stats: bool, show_spans: bool = False) -> int:
     """Decode `documents` (path, text, chat messages or None) together, keeping the engine full:
     each document is submitted when a place frees up, so with `auto` its (strategy, k) is drawn
     from statistics that include the documents finished before it. Results are printed in input
@@ -172,18 +172,20 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
                 local.record(res.stats.as_dict(), res.stats.wall_s)
             ready[i] = (path, res, why)
         while printed in ready:
-            failed += not print_result(*ready.pop(printed), show_stats)
+            failed += not print_result(*ready.pop(printed), show_stats, show_spans)
             printed += 1
     return 1 if failed else 0
 
 
-def print_result(path: str, res, why: str | None, show_stats: bool) -> bool:
-    """A result on stdout (or why not, on stderr); True when it succeeded."""
+def print_result(path: str, res, why: str | None, show_stats: bool, show_spans: bool = False) -> bool:
+    """A result on stdout (or why not, on stderr); True when it succeeded. `show_spans`: the
+    line is {"result", "spans", "confidence"}."""
     if isinstance(res, Exception):
         print(f"structspec: {path}: {res}", file=sys.stderr)
         return False
     if res.status == "succeeded":
-        print(json.dumps(res.value, ensure_ascii=False), flush=True)
+        out = {"result": res.value, "spans": res.spans, "confidence": res.confidence} if show_spans else res.value
+        print(json.dumps(out, ensure_ascii=False), flush=True)
     else:
         print(f"structspec: {path}: {res.status}: {res.error}", file=sys.stderr)
     if show_stats:
@@ -463,6 +465,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--schema", required=True, help="JSON Schema file")
     p.add_argument("documents", nargs="+", metavar="DOC", help="text files ('-' for stdin)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics per document to stderr")
+    p.add_argument("--spans", action="store_true",
+                   help='print {"result", "spans", "confidence"} per document: where each string of the result '
+                        "occurs in the document, and the model's token probabilities per value (by JSON Pointer)")
     p.add_argument("--messages", action="store_true",
                    help="each DOC is a JSON file of chat messages ([{role, content}], or an OpenAI chat request "
                         "body): the prompt is them through the model's chat template, as on the OpenAI-compatible "

@@ -391,7 +391,8 @@ def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any]:
         return {"status": "failed", "error": res.error}
     stats = res.stats.as_dict()
     if res.status == "succeeded":
-        return {"status": "succeeded", "result": res.value, "stats": stats}
+        return {"status": "succeeded", "result": res.value, "stats": stats, "spans": res.spans,
+                "confidence": res.confidence}
     return {"status": "failed", "error": f"{res.status}: {res.error}", "stats": stats}
 
 

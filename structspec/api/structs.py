@@ -153,6 +153,11 @@ class JobTimings(msgspec.Struct, kw_only=True):
     decode_s: float | None = None
 
 
+class Confidence(msgspec.Struct, kw_only=True):
+    min: float
+    mean: float
+
+
 class JobRead(msgspec.Struct, kw_only=True):
     id: uuid.UUID
     status: Annotated[str, msgspec.Meta(description="queued | running | succeeded | failed | cancelled")]
@@ -164,6 +169,12 @@ class JobRead(msgspec.Struct, kw_only=True):
     timings: JobTimings
     created_at: datetime
     finished_at: datetime | None
+    spans: Annotated[dict[str, list[int] | None] | None, msgspec.Meta(
+        description="per string of the result (by JSON Pointer): [start, end) character offsets of where it occurs "
+                    "in the document, or null where it does not occur (see docs/api.md, Grounding)")] = None
+    confidence: Annotated[dict[str, Confidence] | None, msgspec.Meta(
+        description="per leaf of the result (by JSON Pointer): the target model's probabilities of the tokens "
+                    "that wrote it, under the grammar's mask (see docs/api.md, Grounding)")] = None
 
 
 class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

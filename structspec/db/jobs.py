@@ -98,10 +98,12 @@ class JobRepository:
 
     def store(self, job_id: uuid.UUID, token: str, *, status: str, result: Any = None,
               error: str | None = None, stats: dict[str, Any] | None = None,
-              partial: list[str] | None = None) -> bool:
+              partial: list[str] | None = None, spans: dict[str, Any] | None = None,
+              confidence: dict[str, Any] | None = None) -> bool:
         """Finish a held job; False (nothing written) when the lease was lost or it was cancelled.
         `partial`: a chat job's output text, piece by piece (worker/progress.py)."""
-        values: dict[str, Any] = dict(status=status, result=result, error=error, stats=stats,
+        values: dict[str, Any] = dict(status=status, result=result, error=error, stats=stats, spans=spans,
+                                      confidence=confidence,
                                       finished_at=database_now(self.session), lease_until=None,
                                       completions=J.completions + 1)
         if stats:

@@ -130,6 +130,10 @@ class JobRecord(Base):
     result: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     stats: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
+    # a succeeded result's grounding by JSON Pointer (engine/grounding.py): each string's
+    # [start, end) in the document or null; each leaf's token probabilities {min, mean}
+    spans: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
+    confidence: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
     queued_s: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
     prefill_s: Mapped[float | None] = mapped_column(sa.Float, nullable=True)
     decode_s: Mapped[float | None] = mapped_column(sa.Float, nullable=True)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from structspec.config import Settings
+from structspec.engine.grounding import confidences, find_spans
 from structspec.engine.cost import EXPLORE_EVERY, PassCostCurve, choose_draft_lens
 from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
@@ -31,7 +32,7 @@ from structspec.engine.proposers import DocumentIndex, DraftContext, make_propos
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
 from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
-from structspec.engine.step import commit, fill_bitmask, margins, pack, propose, verify
+from structspec.engine.step import commit, emitted_probs, fill_bitmask, margins, pack, propose, verify
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
 from structspec.grammar.verbatim import uses_verbatim
@@ -230,6 +231,7 @@ class Engine:
             logits = self.runner.forward(packed.inputs)
             t2 = time.perf_counter()
             emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend) if decoding else []
+            probs = emitted_probs(logits, bitmask, packed, emitted) if decoding else []
         except Exception as e:  # the whole step failed: find the sequence that made it fail
             members = [*decoding, *(s for s, _ in prefill)]
             if len(members) == 1:
@@ -258,6 +260,7 @@ class Engine:
                 continue
             if gaps is not None:
                 seq.margins += gaps[:len(seq.out) - before]
+            seq.probs += probs[b][:len(seq.out) - before]
             if seq.request.on_output is not None and len(seq.out_bytes) > before_bytes:
                 self._emit(seq, bytes(seq.out_bytes[before_bytes:]))
         step_s = time.perf_counter() - t0
@@ -384,7 +387,8 @@ class Engine:
         if problems:
             detail = "; ".join(f"{p.path or '/'} [{p.keyword}]: {p.message}" for p in problems[:5])
             return ExtractResult("invalid", None, error=f"output violates the schema: {detail}", **base)
-        return ExtractResult("succeeded", value, **base)
+        return ExtractResult("succeeded", value, **base, spans=find_spans(seq.request.document, value),
+                             confidence=confidences(text, [self.token_text.bytes_of([t]) for t in seq.out], seq.probs))
 
 
 def refused(request: Request, error: Exception) -> ExtractResult:

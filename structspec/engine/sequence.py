@@ -122,6 +122,10 @@ class ExtractResult:
     error: str | None = None
     request_id: str = ""
     margins: list[float] | None = None  # with Request.trace: top-2 masked logit gap per output token
+    # a succeeded result's grounding (engine/grounding.py), keyed by JSON Pointer: each string's
+    # [start, end) in the document or None; each leaf's {min, mean} token probability
+    spans: dict[str, list[int] | None] | None = None
+    confidence: dict[str, dict[str, float]] | None = None
 
 
 class Phase(enum.Enum):
@@ -156,6 +160,7 @@ class Sequence:
         self.out: list[int] = []
         self.out_bytes = bytearray()
         self.margins: list[float] | None = [] if request.trace else None
+        self.probs: list[float] = []  # masked probability of each output token (grounding.py)
         self.stop_reason: str | None = None
         self.cancelled = False
         # in a step that raised beside other sequences: it steps alone until one step succeeds

@@ -166,6 +166,33 @@ def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int, count: 
     return (top[:, 0] - top[:, 1]).tolist()
 
 
+def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
+                  emitted: list[list[int]]) -> list[list[float]]:
+    """Per decoding sequence, the probability the target gave each emitted token under the
+    grammar's mask at temperature 1 (grounding.py's confidence): one gather over the rows the
+    tokens were verified at, one host sync."""
+    from kernels.bitmask import unpack_bitmask
+
+    rows, tokens = [], []
+    for b, out in enumerate(emitted):
+        first = packed.cu_list[b] + b
+        rows.extend(range(first, first + len(out)))
+        tokens.extend(max(t, 0) for t in out)  # -1: a grammar dead end, whose sequence fails anyway
+    if not rows:
+        return [[] for _ in emitted]
+    idx = torch.tensor(rows, device=logits.device)
+    x = logits.index_select(0, idx).float()
+    allowed = unpack_bitmask(bitmask.index_select(0, idx), x.shape[1])
+    x = x.masked_fill(~allowed, float("-inf"))
+    chosen = x.gather(1, torch.tensor(tokens, device=x.device).unsqueeze(1)).squeeze(1)
+    flat = (chosen - torch.logsumexp(x, dim=-1)).exp().tolist()
+    out, at = [], 0
+    for row in emitted:
+        out.append(flat[at:at + len(row)])
+        at += len(row)
+    return out
+
+
 def commit(seq: Sequence, emitted: list[int], eos_ids: set[int], token_bytes, batch_size: int) -> None:
     """Apply one verification result: `emitted` = accepted draft prefix + correction/bonus."""
     n = len(seq.draft)

@@ -330,7 +330,14 @@ def to_job_read(j: JobRecord) -> JobRead:
                    result=j.result if j.status == "succeeded" else None, error=j.error,
                    stats=JobStats(**{k: j.stats.get(k) for k in STATS_KEYS}) if j.stats else None,
                    timings=JobTimings(queued_s=j.queued_s, prefill_s=j.prefill_s, decode_s=j.decode_s),
-                   created_at=j.created_at, finished_at=j.finished_at)
+                   created_at=j.created_at, finished_at=j.finished_at, **grounding(j))
+
+
+def grounding(j: JobRecord) -> dict[str, Any]:
+    """A succeeded job's spans and confidence (engine/grounding.py), None otherwise."""
+    if j.status != "succeeded":
+        return {"spans": None, "confidence": None}
+    return {"spans": j.spans, "confidence": j.confidence}
 
 
 def result_line(j: JobRecord) -> bytes:
@@ -338,6 +345,7 @@ def result_line(j: JobRecord) -> bytes:
                             "status": j.status}
     if j.status == "succeeded":
         line["result"] = j.result
+        line.update(grounding(j))
     else:
         line["error"] = j.error
     line["stats"] = {k: j.stats.get(k) for k in STATS_KEYS} if j.stats else None

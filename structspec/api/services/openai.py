@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import msgspec
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError
-from structspec.api.services.jobs import JobService
+from structspec.api.services.jobs import JobService, grounding
 from structspec.api.structs import JobOptions
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, JobRepository
@@ -156,7 +156,7 @@ def extension(job: JobRecord) -> dict[str, Any]:
     stats = job.stats or {}
     return {"job_id": str(job.id), "schema_id": str(job.schema_id),
             **{k: stats.get(k) for k in ("strategy", "draft_len", "target_passes", "tokens_per_pass",
-                                         "acceptance_rate")}}
+                                         "acceptance_rate")}, **grounding(job)}
 
 
 def completion(job: JobRecord, model: str) -> dict[str, Any]:

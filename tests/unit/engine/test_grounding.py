@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from structspec.engine.grounding import confidences, find_spans, leaf_positions, pointer
+from structspec.engine.grounding import confidences, find_spans, leaf_positions, pointer, string_leaves
 
 
 def test_pointers_escape_slash_and_tilde():
@@ -64,3 +64,58 @@ def test_confidence_handles_a_character_split_across_tokens():
 def test_top_level_scalars_and_empty_containers(text):
     leaves = leaf_positions(text)
     assert leaves == ([("", 0, len(text))] if text[0] not in "[{" else [])
+
+
+# --- on engine results ------------------------------------------------------------------------
+
+def check_grounding(document: str, result) -> tuple[int, int]:
+    """Every string of a succeeded result has a span exactly where the document holds it, or
+    null where the document does not hold it; every leaf has a confidence in [0, 1]. Returns
+    (strings, grounded)."""
+    assert result.status == "succeeded"
+    leaves = dict(string_leaves(result.value))
+    assert set(result.spans) == set(leaves), (result.spans, leaves)
+    for ptr, value in leaves.items():
+        span = result.spans[ptr]
+        if span is None:
+            assert value == "" or value not in document, (ptr, value)
+        else:
+            assert document[span[0]:span[1]] == value, (ptr, value, span)
+    positions = [p for p, _, _ in leaf_positions(result.text)]
+    assert set(result.confidence) <= set(positions) and len(result.confidence) >= len(positions) - 1
+    for c in result.confidence.values():
+        assert 0.0 <= c["min"] <= c["mean"] <= 1.0
+    return len(leaves), sum(s is not None for s in result.spans.values())
+
+
+def same_grounding(a, b, tolerance: float = 1e-4) -> None:
+    """Two runs with the same output: the same spans, confidences equal within float noise."""
+    assert a.tokens == b.tokens
+    assert a.spans == b.spans
+    assert a.confidence.keys() == b.confidence.keys()
+    for ptr, c in a.confidence.items():
+        assert abs(c["min"] - b.confidence[ptr]["min"]) <= tolerance, (ptr, c, b.confidence[ptr])
+        assert abs(c["mean"] - b.confidence[ptr]["mean"]) <= tolerance, (ptr, c, b.confidence[ptr])
+
+
+# free strings are bounded (a random model loops in them); every enum option is in the text
+FREE = {"type": "object", "required": ["merchant", "where", "paid", "notes"], "properties": {
+    "merchant": {"type": "string", "maxLength": 12},
+    "where": {"enum": ["Jalan Ampang", "SUNRISE MART"]},
+    "paid": {"enum": ["card", "cash"]},
+    "notes": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 6}}}}
+
+
+def test_free_mode_values_are_grounded_where_they_occur_whatever_the_strategy(tiny_engine):
+    from structspec.options import STRATEGIES, RequestOptions
+    from tests.unit.engine.test_exactness import RECEIPT_TEXT
+
+    text = RECEIPT_TEXT + "\nPaid by cash? No."
+    runs = {s: tiny_engine.extract(FREE, text, RequestOptions(strategy=s, draft_len=4, max_tokens=96))
+            for s in STRATEGIES}
+    strings, grounded = check_grounding(text, runs["none"])
+    print(f"\nfree mode: {grounded} of {strings} strings grounded: {runs['none'].value}")
+    assert grounded >= 2  # the enums
+    for strategy, result in runs.items():
+        check_grounding(text, result)
+        same_grounding(runs["none"], result)
