@@ -40,6 +40,9 @@ class Settings:
     engine_kv_budget_mb: int = 2048  # KV of running sequences (reserved for their worst case) + prefix cache
     engine_prefill_chunk: int = 512  # prompt tokens computed per step, over all sequences
     engine_prefix_cache_mb: int = 256  # KV of shared prompt prefixes (instruction + schema), inside the budget
+    # each result's confidence per value (engine/grounding.py): a masked softmax over the vocabulary
+    # at every emitted token's row, which costs real time on a CPU (docs/benchmarks.md)
+    engine_confidence: bool = True
     # Service (API, worker, migrations). Empty URLs are derived from data_dir in __post_init__:
     # a SQLite file and kombu's SQLAlchemy transport on SQLite, so a fresh clone needs no servers.
     database_url: str = ""  # e.g. postgresql://user@host/db (driver psycopg is implied)

@@ -72,6 +72,7 @@ class Engine:
         self.settings = settings
         self.loaded = loaded
         self.kernel_backend = settings.kernel_backend
+        self.confidence = settings.engine_confidence
         self.grammars = GrammarCache(make_backend(settings.grammar_backend, loaded.tokenizer, loaded.vocab_size,
                                                   GrammarLimits.from_settings(settings)))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
@@ -231,7 +232,7 @@ class Engine:
             logits = self.runner.forward(packed.inputs)
             t2 = time.perf_counter()
             emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend) if decoding else []
-            probs = emitted_probs(logits, bitmask, packed, emitted) if decoding else []
+            probs = emitted_probs(logits, bitmask, packed, emitted) if decoding and self.confidence else None
         except Exception as e:  # the whole step failed: find the sequence that made it fail
             members = [*decoding, *(s for s, _ in prefill)]
             if len(members) == 1:
@@ -260,7 +261,8 @@ class Engine:
                 continue
             if gaps is not None:
                 seq.margins += gaps[:len(seq.out) - before]
-            seq.probs += probs[b][:len(seq.out) - before]
+            if probs is not None:
+                seq.probs += probs[b][:len(seq.out) - before]
             if seq.request.on_output is not None and len(seq.out_bytes) > before_bytes:
                 self._emit(seq, bytes(seq.out_bytes[before_bytes:]))
         step_s = time.perf_counter() - t0
@@ -387,8 +389,11 @@ class Engine:
         if problems:
             detail = "; ".join(f"{p.path or '/'} [{p.keyword}]: {p.message}" for p in problems[:5])
             return ExtractResult("invalid", None, error=f"output violates the schema: {detail}", **base)
+        confidence = None
+        if self.confidence:
+            confidence = confidences(text, [self.token_text.bytes_of([t]) for t in seq.out], seq.probs)
         return ExtractResult("succeeded", value, **base, spans=find_spans(seq.request.document, value),
-                             confidence=confidences(text, [self.token_text.bytes_of([t]) for t in seq.out], seq.probs))
+                             confidence=confidence)
 
 
 def refused(request: Request, error: Exception) -> ExtractResult:

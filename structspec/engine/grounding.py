@@ -6,7 +6,8 @@ leaf value (confidence). Both are keyed by JSON Pointer (RFC 6901): "/company",
 Spans. A string value is looked up in the document as exact text. Of its occurrences the
 nearest one after the previous string's span is taken, or, if there is none after, the nearest
 before it: documents mostly list fields in the order the schema asks for them, so a value that
-occurs several times (a total echoing a subtotal) is placed beside its neighbours. A value that does not occur (a paraphrase, a normalised number) or an empty string maps to
+occurs several times (a total echoing a subtotal) is placed beside its neighbours. Occurrences
+inside a longer word (the "b" of "label") are taken only when there is no other. A value that does not occur (a paraphrase, a normalised number) or an empty string maps to
 null: not grounded. With verbatim decoding every non-empty string is a document span by
 construction, so each gets its span.
 
@@ -57,11 +58,37 @@ def find_spans(document: str, value: Any) -> dict[str, list[int] | None]:
 
 
 def nearest(document: str, text: str, anchor: int) -> Span | None:
-    """The first occurrence of `text` starting at or after `anchor`, else the last one before."""
-    start = document.find(text, anchor)
-    if start < 0:
-        start = document.rfind(text, 0, anchor + len(text) - 1)  # the last start < anchor
-    return (start, start + len(text)) if start >= 0 else None
+    """The first occurrence of `text` starting at or after `anchor`, else the last one before;
+    an occurrence that is not part of a longer word (the "b" of "label") is preferred to one
+    that is, wherever it is."""
+    forward = _occurrences(document, text, anchor, len(document), reverse=False)
+    backward = _occurrences(document, text, 0, anchor + len(text) - 1, reverse=True)  # starts < anchor
+    fallback = None
+    for found in (forward, backward):
+        for start in found:
+            if _whole(document, start, start + len(text)):
+                return start, start + len(text)
+            fallback = start if fallback is None else fallback
+    return (fallback, fallback + len(text)) if fallback is not None else None
+
+
+def _occurrences(document: str, text: str, lo: int, hi: int, reverse: bool) -> Iterator[int]:
+    if reverse:
+        while (at := document.rfind(text, lo, hi)) >= 0:
+            yield at
+            hi = at + len(text) - 1
+    else:
+        while (at := document.find(text, lo, hi)) >= 0:
+            yield at
+            lo = at + 1
+
+
+def _whole(document: str, start: int, end: int) -> bool:
+    """Whether document[start:end] does not cut a word: no letter or digit runs on past either end
+    of a value that begins or ends with one."""
+    before = start > 0 and document[start - 1].isalnum() and document[start].isalnum()
+    after = end < len(document) and document[end].isalnum() and document[end - 1].isalnum()
+    return not (before or after)
 
 
 # --- leaves of the output text, with their positions ------------------------------------------

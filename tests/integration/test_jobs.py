@@ -104,6 +104,10 @@ def test_single_job_runs_on_a_worker_and_reports_result_stats_and_timings(stack)
     assert job["stats"]["strategy"] == "schema" and job["stats"]["draft_len"] == 4
     assert job["stats"]["output_tokens"] > 0 and job["stats"]["target_passes"] > 0
     assert job["timings"]["queued_s"] >= 0 and job["timings"]["decode_s"] >= 0
+    # grounding: the label's span in the document (a whole word: not the "b" of "label"), and a
+    # confidence per leaf
+    assert job["spans"] == {"/label": [7, 8]} if job["result"]["label"] == "b" else {"/label": None}
+    assert set(job["confidence"]) == {"/label", "/ok"}
     [(completions, attempts)] = stack.rows("SELECT completions, attempts FROM jobs WHERE id = :id",
                                            id=uuid.UUID(job["id"]).hex if "sqlite" in stack.settings.database_url
                                            else job["id"])
@@ -138,6 +142,7 @@ def test_batch_of_50_returns_valid_results_in_input_order(stack):
     assert [x["id"] for x in results] == [d["id"] for d in docs]
     assert all(x["status"] == "succeeded" and valid(x["result"]) for x in results)
     assert all(x["stats"]["output_tokens"] > 0 for x in results)
+    assert all(set(x["spans"]) == {"/label"} and set(x["confidence"]) == {"/label", "/ok"} for x in results)
     bid = uuid.UUID(batch["id"])
     rows = stack.rows("SELECT completions FROM jobs WHERE batch_id = :b",
                       b=bid.hex if "sqlite" in stack.settings.database_url else bid)

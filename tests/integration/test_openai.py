@@ -70,6 +70,14 @@ def test_create_with_a_json_schema_response_format_returns_valid_json_and_the_st
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     extra = r.model_extra["structspec"]
     assert uuid.UUID(extra["job_id"]) and extra["strategy"] and extra["target_passes"] > 0
+    # grounding: spans into the messages' text (joined by blank lines), confidence per leaf
+    text = "\n\n".join(m["content"] for m in MESSAGES)
+    assert set(extra["spans"]) == {"/name"} and set(extra["confidence"]) == {"/name", "/age"}
+    if extra["spans"]["/name"] is not None:
+        start, end = extra["spans"]["/name"]
+        assert text[start:end] == value["name"]
+    else:
+        assert value["name"] not in text
 
 
 def test_parse_with_a_pydantic_model_returns_the_parsed_object(client):

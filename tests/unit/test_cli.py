@@ -182,3 +182,19 @@ def test_a_bad_setting_is_a_one_line_error_naming_the_variable(capsys, monkeypat
     monkeypatch.setenv("STRUCTSPEC_JOB_MAX_ATTEMPTS", "three")
     assert main(["worker"]) == 2
     assert "STRUCTSPEC_JOB_MAX_ATTEMPTS='three' is not a valid int" in capsys.readouterr().err
+
+
+def test_extract_spans_prints_each_value_with_its_span_and_confidence(capsys, monkeypatch, tmp_path, tiny_engine):
+    import structspec.cli as cli
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_engine)
+    schema = tmp_path / "who.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}))
+    doc = tmp_path / "d.txt"
+    doc.write_text('Sold by "Corner Cafe", Main St.\nThanks!')
+    assert main(["extract", "--schema", str(schema), str(doc), "--verbatim", "--strategy", "none", "--spans"]) == 0
+    line = json.loads(capsys.readouterr().out)
+    assert set(line) == {"result", "spans", "confidence"}
+    start, end = line["spans"]["/who"]
+    assert doc.read_text()[start:end] == line["result"]["who"]
+    assert 0 <= line["confidence"]["/who"]["min"] <= line["confidence"]["/who"]["mean"] <= 1

@@ -119,3 +119,9 @@ def test_free_mode_values_are_grounded_where_they_occur_whatever_the_strategy(ti
     for strategy, result in runs.items():
         check_grounding(text, result)
         same_grounding(runs["none"], result)
+
+
+def test_an_occurrence_inside_a_longer_word_is_the_last_resort():
+    assert find_spans("label: b, ok", {"label": "b"}) == {"/label": [7, 8]}
+    assert find_spans("lab", {"x": "b"}) == {"/x": [2, 3]}  # no other
+    assert find_spans("b then label", {"a": "then", "b": "b"}) == {"/a": [2, 6], "/b": [0, 1]}  # before, whole
