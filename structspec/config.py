@@ -43,6 +43,9 @@ class Settings:
     # each result's confidence per value (engine/grounding.py): a masked softmax over the vocabulary
     # at every emitted token's row, which costs real time on a CPU (docs/benchmarks.md)
     engine_confidence: bool = True
+    # the loop guard (engine/loopguard.py): an output whose last N blocks of tokens are identical
+    # (a block up to 128 tokens, the run at least 48) ends there as truncated; 0 = off
+    engine_loop_repeats: int = 4
     # Service (API, worker, migrations). Empty URLs are derived from data_dir in __post_init__:
     # a SQLite file and kombu's SQLAlchemy transport on SQLite, so a fresh clone needs no servers.
     database_url: str = ""  # e.g. postgresql://user@host/db (driver psycopg is implied)

@@ -32,7 +32,7 @@ from structspec.engine.proposers import DocumentIndex, DraftContext, make_propos
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
 from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
-from structspec.engine.step import commit, emitted_probs, fill_bitmask, margins, pack, propose, verify
+from structspec.engine.step import commit, emitted_probs, fill_bitmask, guard_loops, margins, pack, propose, verify
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
 from structspec.grammar.verbatim import uses_verbatim
@@ -134,7 +134,8 @@ class Engine:
         else:  # chat messages share no known prefix
             prefix_len = self._shared_prefix_len(schema, prompt) if request.messages is None else 0
         seq = Sequence(request, prompt, prefix_len, matcher,
-                       request.proposer or make_proposer(opts.strategy), ctx, generator, verbatim)
+                       request.proposer or make_proposer(opts.strategy), ctx, generator, verbatim,
+                       loop_repeats=self.settings.engine_loop_repeats)
         self.scheduler.add(seq)
         return request.id
 
@@ -256,6 +257,7 @@ class Engine:
             before, before_bytes = len(seq.out), len(seq.out_bytes)
             try:
                 commit(seq, emitted[b], self.loaded.eos_token_ids, self.token_text.bytes_of, len(decoding))
+                guard_loops(seq, self.token_text.bytes_of)
             except Exception as e:
                 done.append(self._fail(seq, e))
                 continue
@@ -377,7 +379,11 @@ class Engine:
         if stop == "cancelled":
             return ExtractResult("cancelled", None, error="cancelled", **base)
         if stop not in ("grammar", "eos"):
-            why = "max_tokens reached" if stop == "max_tokens" else "the model's context is full"
+            why = {"max_tokens": "max_tokens reached", "context": "the model's context is full"}.get(stop)
+            if stop == "repetition":
+                g = seq.loop_guard
+                why = (f"the output repeats itself: the last {g.period * g.repeats} tokens are one block of "
+                       f"{g.period} tokens {g.repeats} times (loop guard, STRUCTSPEC_ENGINE_LOOP_REPEATS)")
             return ExtractResult("truncated", None, error=f"output truncated after {len(seq.out)} tokens: {why}",
                                  **base)
         schema = seq.request.schema

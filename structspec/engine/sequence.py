@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence as Seq
 
 import torch
 
+from structspec.engine.loopguard import LoopGuard
 from structspec.engine.proposers import DraftContext, Proposer
 from structspec.grammar import Matcher
 from structspec.options import RequestOptions
@@ -139,7 +140,8 @@ class Sequence:
     """A request inside the engine: tokens, grammar state, drafting context, KV slot, stats."""
 
     def __init__(self, request: Request, prompt: list[int], prefix_len: int, matcher: Matcher,
-                 proposer: Proposer, ctx: DraftContext, generator: torch.Generator | None, verbatim: bool):
+                 proposer: Proposer, ctx: DraftContext, generator: torch.Generator | None, verbatim: bool,
+                 loop_repeats: int = 0):
         opts = request.options
         self.request = request
         self.prompt = prompt
@@ -161,6 +163,7 @@ class Sequence:
         self.out_bytes = bytearray()
         self.margins: list[float] | None = [] if request.trace else None
         self.probs: list[float] = []  # masked probability of each output token (grounding.py)
+        self.loop_guard = LoopGuard(loop_repeats) if loop_repeats else None  # engine/loopguard.py
         self.stop_reason: str | None = None
         self.cancelled = False
         # in a step that raised beside other sequences: it steps alone until one step succeeds

@@ -193,6 +193,20 @@ def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
     return out
 
 
+def guard_loops(seq: Sequence, token_bytes) -> None:
+    """Apply the loop guard (engine/loopguard.py) to the tokens this step added: an output that
+    repeats itself is cut where the rule first holds and stops with reason `repetition`."""
+    if seq.loop_guard is None:
+        return
+    end = seq.loop_guard.feed(seq.out)
+    if end is None or (end == len(seq.out) and seq.stop_reason in ("grammar", "eos")):
+        return
+    if end < len(seq.out):
+        del seq.out[end:]
+        seq.out_bytes = bytearray(token_bytes(seq.out))
+    seq.stop_reason = "repetition"
+
+
 def commit(seq: Sequence, emitted: list[int], eos_ids: set[int], token_bytes, batch_size: int) -> None:
     """Apply one verification result: `emitted` = accepted draft prefix + correction/bonus."""
     n = len(seq.draft)
