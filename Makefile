@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-batch bench-kernels clean
+.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-batch bench-kernels \
+	bench-loopguard bench-confidence clean
 
 install: $(STAMP)
 
@@ -60,6 +61,17 @@ bench-load: install
 # engine overhead (e), a small KV budget (f); 23-35 min on this 2-core CPU, by load. Not part of `make test`.
 bench-batch: install
 	$(PY) -m structspec.cli bench batch --dataset ../shared/data/deepjsoneval_en.jsonl --threads 1 --out bench-out
+
+# the loop guard off, then on (default): DeepJSONEval with plain constrained decoding (~15 min on CPU).
+bench-loopguard: install
+	STRUCTSPEC_ENGINE_LOOP_REPEATS=0 $(VENV)/bin/structspec bench --dataset ../shared/data/deepjsoneval_en.jsonl \
+		--systems structspec:none --limit 8 --max-chars 4500 --max-tokens 384 --threads 1 --out bench-out/loopguard-off
+	$(VENV)/bin/structspec bench --dataset ../shared/data/deepjsoneval_en.jsonl \
+		--systems structspec:none --limit 8 --max-chars 4500 --max-tokens 384 --threads 1 --out bench-out/loopguard-on
+
+# per-value confidence on and off, same receipts, interleaved (~8 min on CPU).
+bench-confidence: install
+	$(PY) -m structspec.bench.confidence --docs 16 --rounds 3
 
 bench-kernels: install
 	$(PY) -m kernels.bench

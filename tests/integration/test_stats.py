@@ -270,7 +270,7 @@ class FakeLoop:
 def engine_result(request):
     opts = request.options
     stats = job_stats(opts.strategy, opts.draft_len or 1, 2, [1] * (opts.draft_len or 1))
-    return SimpleNamespace(status="succeeded", value={"label": "a"}, error=None,
+    return SimpleNamespace(status="succeeded", value={"label": "a"}, error=None, spans={}, confidence={},
                            stats=SimpleNamespace(as_dict=lambda: stats))
 
 
