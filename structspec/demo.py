@@ -3,7 +3,9 @@
 Starts `structspec serve` and one `structspec worker` as subprocesses (SQLite database and
 kombu's SQLAlchemy broker in a temporary directory), registers schemas/receipt.json, submits
 examples/receipt-*.txt as one batch, shows progress on stderr, prints the NDJSON results on
-stdout, and stops both processes (also on Ctrl-C, SIGTERM or an error).
+stdout, and stops both processes (also on Ctrl-C, SIGTERM or an error). Exit status 0 once the
+batch has finished, whatever the model made of each document (a failed one is explained); 1
+when the service itself fails.
 """
 
 from __future__ import annotations
@@ -121,7 +123,12 @@ def run_demo(args) -> int:
             for line in acceptance_summary(stats.json()):
                 say(line)
         say(f"done: batch {batch['status']}")
-        return 0 if batch["status"] == "succeeded" else 1
+        failed = batch["counts"]["failed"] + batch["counts"]["cancelled"]
+        if failed:  # the service worked; the model did not get every document right
+            say(f"{failed} of {batch['total']} documents failed (the error says why: a loop the guard stopped, "
+                "max_tokens, ...). The 135M default model is for trying the service; bring a bigger one with "
+                "--model or STRUCTSPEC_MODEL for real extraction")
+        return 0
     except KeyboardInterrupt:
         say("interrupted")
         return 130

@@ -91,8 +91,80 @@ def messages_text(messages: list[dict[str, str]]) -> str:
 
 
 def user_message(schema: dict, document: str) -> str:
-    schema_text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
-    return f"JSON Schema:\n{schema_text}\n\nDocument:\n{document}"
+    """The schema as a field list (before the document: every document of a schema shares this
+    prefix, which the prefix cache keeps). A list with descriptions beat the raw JSON Schema on
+    the default model (docs/benchmarks.md, "Extraction prompt"); the grammar enforces the schema
+    itself either way."""
+    return f"Fields to extract:\n{field_list(schema)}\n\nDocument:\n{document}"
+
+
+FIELD_LIST_DEPTH = 8  # deeper nesting (or a recursive $ref) is shown as "object"
+
+
+def field_list(schema: dict) -> str:
+    """The schema as an indented list: `- name (kind): description`, children indented under
+    objects and lists of objects. A schema that is not an object with properties is shown as
+    its kind alone."""
+    lines: list[str] = []
+    root = _resolve(schema, schema)
+    if isinstance(root, dict) and isinstance(root.get("properties"), dict):
+        _properties(schema, root, 0, lines)
+    else:
+        lines.append(f"- a JSON value ({_kind(schema, root)})")
+    return "\n".join(lines)
+
+
+def _properties(root: dict, node: dict, depth: int, lines: list[str]) -> None:
+    for name, sub in node["properties"].items():
+        sub = _resolve(root, sub)
+        if not isinstance(sub, dict):
+            continue
+        description = sub.get("description") or (sub.get("title") if sub.get("title") != name else None)
+        text = f"{'  ' * depth}- {name} ({_kind(root, sub)})"
+        lines.append(text + (f": {' '.join(str(description).split())}" if description else ""))
+        if depth + 1 >= FIELD_LIST_DEPTH:
+            continue
+        if isinstance(sub.get("properties"), dict):
+            _properties(root, sub, depth + 1, lines)
+        items = _resolve(root, sub.get("items"))
+        if isinstance(items, dict) and isinstance(items.get("properties"), dict):
+            lines.append(f"{'  ' * (depth + 1)}each item:")
+            _properties(root, items, depth + 2, lines)
+
+
+def _kind(root: dict, node) -> str:
+    node = _resolve(root, node)
+    if not isinstance(node, dict):
+        return "any value"
+    if "const" in node:
+        return f"exactly {json.dumps(node['const'], ensure_ascii=False)}"
+    if isinstance(node.get("enum"), list):
+        return "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in node["enum"][:20])
+    for key in ("anyOf", "oneOf"):
+        if isinstance(node.get(key), list):
+            return " or ".join(_kind(root, b) for b in node[key][:5])
+    kind = node.get("type")
+    if isinstance(kind, list):
+        return " or ".join(map(str, kind))
+    if kind == "array":
+        items = _resolve(root, node.get("items"))
+        inner = "object" if isinstance(items, dict) and "properties" in items else _kind(root, items)
+        return f"list of {inner}" if isinstance(items, dict) else "list"
+    if kind == "string" and node.get("format"):
+        return f"string, {node['format']}"
+    return str(kind) if kind else ("object" if "properties" in node else "any value")
+
+
+def _resolve(root: dict, node, hops: int = 0):
+    """`node` with a local `$ref` ("#/$defs/x", "#/definitions/x") followed (a few hops)."""
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/") and hops < 8:
+        target = root
+        for part in node["$ref"][2:].split("/"):
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, dict) else None
+        if target is None:
+            return node
+        node, hops = target, hops + 1
+    return node
 
 
 def extraction_messages(schema: dict, document: str) -> list[dict[str, str]]:

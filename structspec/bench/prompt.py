@@ -1,0 +1,81 @@
+"""The extraction prompt's layout, measured: the schema as the field list the engine uses
+(engine/prompt.py) against the raw JSON Schema, on DeepJSONEval and on synthetic receipts with
+gold values, default model, greedy `none` (the grammar enforces the schema either way; the
+prompt only steers the model). One process, the documents of each variant batched.
+
+    python -m structspec.bench.prompt [--dataset ../shared/data/deepjsoneval_en.jsonl] [--limit 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import structspec.engine.prompt as prompt
+from structspec.bench.receipts import receipts
+from structspec.bench.strategies import field_accuracy, load_dataset
+from structspec.config import Settings
+from structspec.engine.engine import Engine, Request
+from structspec.engine.model import load_model
+from structspec.options import RequestOptions
+
+RECEIPT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "receipt.json"
+
+
+def raw_schema_message(schema: dict, document: str) -> str:
+    """The layout before the field list: the JSON Schema as compact JSON."""
+    return f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}\n\nDocument:\n{document}"
+
+
+VARIANTS = {"raw JSON Schema": raw_schema_message, "field list (default)": prompt.user_message}
+
+
+def measure(loaded, settings: Settings, rows: list[dict], max_tokens: int) -> dict[str, dict]:
+    out = {}
+    for name, layout in VARIANTS.items():
+        prompt.user_message = layout
+        try:
+            engine = Engine(loaded, settings)
+            results = engine.run([Request(r["schema"], r["text"], RequestOptions(strategy="none", max_tokens=max_tokens))
+                                  for r in rows])
+        finally:
+            prompt.user_message = VARIANTS["field list (default)"]
+        matched = total = 0
+        for row, res in zip(rows, results):
+            if row.get("gold") is not None:
+                m, n = field_accuracy(res.value if res.status == "succeeded" else None, row["gold"])
+                matched, total = matched + m, total + n
+        out[name] = {"valid": sum(r.status == "succeeded" for r in results), "documents": len(rows),
+                     "accuracy": matched / total if total else None,
+                     "output_tokens": sum(len(r.tokens) for r in results)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="../shared/data/deepjsoneval_en.jsonl")
+    p.add_argument("--limit", type=int, default=8)
+    p.add_argument("--max-chars", type=int, default=4500)
+    p.add_argument("--receipts", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=384)
+    args = p.parse_args(argv)
+    settings = Settings.from_env()
+    loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir)
+    receipt_schema = json.loads(RECEIPT_SCHEMA.read_text())
+    sets = {"synthetic receipts": [{**r, "schema": receipt_schema} for r in receipts(args.receipts, seed=11)]}
+    if Path(args.dataset).exists():
+        sets["DeepJSONEval"] = load_dataset(args.dataset, args.limit, args.max_chars)
+    else:
+        print(f"{args.dataset} not found: DeepJSONEval skipped")
+    print("| documents | prompt | schema-valid | field accuracy | output tokens |\n|---|---|---|---|---|")
+    for label, rows in sets.items():
+        for name, m in measure(loaded, settings, rows, args.max_tokens).items():
+            acc = f"{m['accuracy']:.1%}" if m["accuracy"] is not None else "-"
+            print(f"| {label} ({m['documents']}) | {name} | {m['valid']}/{m['documents']} | {acc} | "
+                  f"{m['output_tokens']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
