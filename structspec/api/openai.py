@@ -36,7 +36,7 @@ from litestar.response.streaming import ASGIStreamingResponse
 from structspec.api.errors import ApiError, ErrorBody, handle_exception
 from structspec.api.extractions import provide_job_service
 from structspec.api.services.jobs import JobService
-from structspec.api.services.openai import (OpenAIBatchService, bad_request, completion, error_object,
+from structspec.api.services.openai import (OpenAIBatchService, bad_request, completion, error_object, flatten,
                                             read_chat_request, served_model, stream_chunks)
 from structspec.config import Settings
 
@@ -167,14 +167,7 @@ def openai_error(request: Request, exc: Exception) -> Response:
     """structspec's error for `exc` (errors.handle_exception), in OpenAI's shape."""
     response = handle_exception(request, exc)
     body: ErrorBody = response.content
-    item = body.errors[0] if body.errors else None
-    message = body.detail
-    if item is not None and item.message and item.message not in message:
-        message = f"{message}: {item.message}"
-    param = item.path.strip("/").replace("/", ".") or None if item is not None else None
-    if param and param.startswith("options."):  # options are top-level parameters here
-        param = param.removeprefix("options.")
-    return Response(error_body(body.status_code, message, param, item.keyword if item is not None else None),
+    return Response(error_body(body.status_code, *flatten(body.detail, body.errors)),
                     status_code=body.status_code, headers=response.headers, media_type=MediaType.JSON)
 
 

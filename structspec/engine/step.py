@@ -155,13 +155,21 @@ def _verify_sampled(logits, bitmask, packed: Packed, which: list[int], vocab_siz
     return kernels.verify_sampling(*sub, temps, accept_u, noise, backend=backend)
 
 
-def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int, count: int) -> list[float]:
-    """Top-2 masked logit gap of `count` rows (inf where one token is allowed)."""
+def masked_rows(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
+    """The logits of `rows` in float32 with every token the grammar disallows at -inf."""
     from kernels.bitmask import unpack_bitmask
 
-    x = logits[first_row:first_row + count].float()
-    allowed = unpack_bitmask(bitmask[first_row:first_row + count], x.shape[1])
-    x = x.masked_fill(~allowed, float("-inf"))
+    if isinstance(rows, slice):
+        x, words = logits[rows], bitmask[rows]
+    else:
+        x, words = logits.index_select(0, rows), bitmask.index_select(0, rows)
+    x = x.float()
+    return x.masked_fill(~unpack_bitmask(words, x.shape[1]), float("-inf"))
+
+
+def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int, count: int) -> list[float]:
+    """Top-2 masked logit gap of `count` rows (inf where one token is allowed)."""
+    x = masked_rows(logits, bitmask, slice(first_row, first_row + count))
     top = x.topk(2, dim=-1).values
     return (top[:, 0] - top[:, 1]).tolist()
 
@@ -171,8 +179,6 @@ def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
     """Per decoding sequence, the probability the target gave each emitted token under the
     grammar's mask at temperature 1 (grounding.py's confidence): one gather over the rows the
     tokens were verified at, one host sync."""
-    from kernels.bitmask import unpack_bitmask
-
     rows, tokens = [], []
     for b, out in enumerate(emitted):
         first = packed.cu_list[b] + b
@@ -180,10 +186,7 @@ def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
         tokens.extend(max(t, 0) for t in out)  # -1: a grammar dead end, whose sequence fails anyway
     if not rows:
         return [[] for _ in emitted]
-    idx = torch.tensor(rows, device=logits.device)
-    x = logits.index_select(0, idx).float()
-    allowed = unpack_bitmask(bitmask.index_select(0, idx), x.shape[1])
-    x = x.masked_fill(~allowed, float("-inf"))
+    x = masked_rows(logits, bitmask, torch.tensor(rows, device=logits.device))
     chosen = x.gather(1, torch.tensor(tokens, device=x.device).unsqueeze(1)).squeeze(1)
     flat = (chosen - torch.logsumexp(x, dim=-1)).exp().tolist()
     out, at = [], 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import asdict, dataclass
 from datetime import timedelta
 from typing import Any, Iterator
 
@@ -43,8 +44,8 @@ def served_model(model_setting: str) -> str:
     return DEFAULT_MODEL_ID if model_setting in ("default", "") else model_setting
 
 
-def bad_request(message: str, param: str | None = None, status: int = 400) -> ApiError:
-    return ApiError(status, message, [ErrorItem(path=param or "", message=message, source="body")])
+def bad_request(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, [ErrorItem(path=param or "", message=message, source="body")])
 
 
 # --- one chat request -------------------------------------------------------------------------
@@ -192,10 +193,10 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
         yield chunk({"role": "assistant", "content": ""})
         while True:
             job = jobs.record(job_id)
-            pieces, sent_before = job.partial or [], sent
-            for piece in pieces[sent:]:
+            new = (job.partial or [])[sent:]
+            for piece in new:
                 yield chunk({"content": piece})
-            sent = len(pieces)
+            sent += len(new)
             if job.status in TERMINAL_STATUSES:
                 finished = True
                 try:
@@ -213,7 +214,7 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
                                                   f"GET /v1/extractions/{job_id}")}
                 finished = True
                 return
-            if len(pieces) == sent_before:
+            if not new:
                 yield None
             time.sleep(STREAM_POLL_S)
     finally:
@@ -228,6 +229,19 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
 
 def error_object(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"message": message, "type": ERROR_TYPES.get(status, "server_error"), "param": param, "code": code}
+
+
+def flatten(detail: str, errors: list[ErrorItem]) -> tuple[str, str | None, str | None]:
+    """structspec's error (detail and itemised problems) as OpenAI's one message, the parameter
+    it names (dotted; options are top-level parameters there) and its code."""
+    item = errors[0] if errors else None
+    if item is None:
+        return detail, None, None
+    message = f"{detail}: {item.message}" if item.message and item.message not in detail else detail
+    param = item.path.strip("/").replace("/", ".") or None
+    if param and param.startswith("options."):
+        param = param.removeprefix("options.")
+    return message, param, item.keyword
 
 
 # --- Files and Batches ------------------------------------------------------------------------
@@ -248,15 +262,17 @@ def _ts(value) -> int | None:
     return None if value is None else int(value.timestamp())
 
 
-class BatchLineError(Exception):
+@dataclass
+class BatchLineError:
     """A batch input problem: `code`, message, and the 1-based line it is on."""
 
-    def __init__(self, code: str, message: str, line: int | None = None, param: str | None = None):
-        super().__init__(message)
-        self.code, self.message, self.line, self.param = code, message, line, param
+    code: str
+    message: str
+    line: int | None = None
+    param: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, "param": self.param, "line": self.line}
+        return asdict(self)
 
 
 def read_lines(content: bytes, limit: int) -> tuple[list[tuple[int, str, dict[str, Any]]], list[BatchLineError]]:
@@ -421,10 +437,9 @@ class OpenAIBatchService:
                 text = messages_text(request.messages)
                 self.jobs._check_document(text, "/body/messages")
             except ApiError as e:
-                problem = e.errors[0] if e.errors else None
-                message = e.detail if problem is None or problem.message in e.detail else f"{e.detail}: {problem.message}"
+                message, param, _ = flatten(e.detail, e.errors)
                 invalid.append({"line": n, "custom_id": custom_id, "status_code": e.status_code, "message": message,
-                                "param": (problem.path.strip("/").replace("/", ".") or None) if problem else None})
+                                "param": param})
                 continue
             rows.append(dict(tenant=self.tenant, schema_id=schemas[key], document=text, messages=request.messages,
                              options=request.options.as_dict(), position=len(rows),
