@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence clean
+	bench-loopguard bench-confidence bench-calibration clean
 
 install: $(STAMP)
 
@@ -22,11 +22,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job end to end (API server + Celery worker on SQLite and the embedded broker,
-# a batch of receipts), then the same engine straight from the CLI on two more schemas.
+# a batch of e-mails whose senders it extracts), then the same engine straight from the CLI.
 demo: install
 	$(VENV)/bin/structspec demo
-	$(VENV)/bin/structspec extract --schema schemas/invoice.json examples/invoice-northwind.txt --stats
-	$(VENV)/bin/structspec extract --schema schemas/event.json examples/event-jazz-night.txt --stats
+	$(VENV)/bin/structspec extract --schema schemas/contact.json examples/contact-tideway.txt --spans --stats
 
 # TRITON_INTERPRET=1 runs the Triton kernels on the CPU (tests compare them to torch).
 test: install
@@ -72,6 +71,10 @@ bench-loopguard: install
 # per-value confidence on and off, same receipts, interleaved (~8 min on CPU).
 bench-confidence: install
 	$(PY) -m structspec.bench.confidence --docs 16 --rounds 3
+
+# Per-value confidence against field accuracy (DeepJSONEval, synthetic receipts and e-mails).
+bench-calibration: install
+	$(PY) -m structspec.bench.calibration --limit 48 --receipts 32 --emails 32 --out bench-out
 
 bench-kernels: install
 	$(PY) -m kernels.bench

@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from structspec.engine.engine import Engine
+from structspec.engine import grounding
 from structspec.engine.prompt import DocumentTooLong
 from structspec.options import STRATEGIES, RequestOptions
 
@@ -47,24 +48,18 @@ def write_report(out_dir: str, filename: str, payload: dict) -> Path:
     return out / filename
 
 
-def leaves(value, path: str = "") -> dict[str, tuple]:
-    """(kind, value) of every leaf by JSON pointer; strings with whitespace runs collapsed,
+def leaves(value) -> dict[str, tuple]:
+    """(kind, value) of every leaf by JSON Pointer; strings with whitespace runs collapsed,
     numbers as floats (1 == 1.0, but never == true)."""
-    if isinstance(value, dict):
-        out: dict[str, tuple] = {}
-        for k, v in value.items():
-            out.update(leaves(v, f"{path}/{k}"))
-        return out
-    if isinstance(value, list):
-        out = {}
-        for i, v in enumerate(value):
-            out.update(leaves(v, f"{path}/{i}"))
-        return out
-    if isinstance(value, str):
-        return {path: ("string", " ".join(value.split()))}
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return {path: ("number", float(value))}
-    return {path: (type(value).__name__, value)}
+    return {ptr: comparable(v) for ptr, v in grounding.leaves(value)}
+
+
+def comparable(leaf) -> tuple:
+    if isinstance(leaf, str):
+        return ("string", " ".join(leaf.split()))
+    if isinstance(leaf, (int, float)) and not isinstance(leaf, bool):
+        return ("number", float(leaf))
+    return (type(leaf).__name__, leaf)
 
 
 def field_accuracy(value, gold) -> tuple[int, int]:

@@ -32,17 +32,23 @@ def pointer(parts: list[str | int]) -> str:
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in parts)
 
 
-def string_leaves(value: Any, path: list[str | int] | None = None) -> Iterator[tuple[str, str]]:
-    """(pointer, string) of every string in `value`, in document order (object keys as written)."""
+def leaves(value: Any, path: list[str | int] | None = None) -> Iterator[tuple[str, Any]]:
+    """(pointer, leaf) of every leaf (string, number, boolean, null) in `value`, in document
+    order (object keys as written)."""
     path = path or []
-    if isinstance(value, str):
-        yield pointer(path), value
-    elif isinstance(value, dict):
+    if isinstance(value, dict):
         for k, v in value.items():
-            yield from string_leaves(v, [*path, k])
+            yield from leaves(v, [*path, k])
     elif isinstance(value, list):
         for i, v in enumerate(value):
-            yield from string_leaves(v, [*path, i])
+            yield from leaves(v, [*path, i])
+    else:
+        yield pointer(path), value
+
+
+def string_leaves(value: Any) -> Iterator[tuple[str, str]]:
+    """(pointer, string) of every string in `value`, in document order."""
+    return ((ptr, v) for ptr, v in leaves(value) if isinstance(v, str))
 
 
 def find_spans(document: str, value: Any) -> dict[str, list[int] | None]:
