@@ -658,11 +658,12 @@ def build_parser() -> argparse.ArgumentParser:
     add_conformance_args(p)
     p.set_defaults(func=cmd_conformance)
 
-    p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a receipt batch",
+    p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a batch of e-mails",
                        description="Start the API server and one worker as subprocesses (SQLite + embedded "
                                    "broker in a temporary directory unless --data-dir), register "
-                                   "schemas/receipt.json, submit examples/receipt-*.txt as a batch, print "
-                                   "the NDJSON results, and shut everything down.")
+                                   "schemas/contact.json, submit examples/contact-*.txt as a batch, print "
+                                   "the NDJSON results (with source spans and confidence), and shut "
+                                   "everything down.")
     p.add_argument("--data-dir", help="keep the database and broker here (default: a temporary directory)")
     p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
