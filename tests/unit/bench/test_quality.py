@@ -1,10 +1,10 @@
-"""structspec.bench.calibration: grading values by confidence bucket (no model)."""
+"""structspec.bench.quality: grading values by confidence bucket, the model table (no model)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from structspec.bench.calibration import EDGES, bucket_of, grade, plot, table
+from structspec.bench.quality import EDGES, bucket_of, grade, model_table, plot, table
 
 
 def result(value, confidence, status="succeeded"):
@@ -42,3 +42,10 @@ def test_plot_writes_a_png(tmp_path):
     g = grade([result({"a": "x"}, {"/a": {"min": 0.7, "mean": 0.8}})], [{"gold": {"a": "x"}}])
     plot({"set": g, "empty": grade([], [])}, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_model_table_reports_validity_and_accuracy_per_set():
+    g = {**grade([result({"a": "x"}, {"/a": {"min": 0.7, "mean": 0.8}})], [{"gold": {"a": "x"}}]),
+         "gold_matched": 3, "gold_fields": 4, "output_tokens": 17}
+    text = model_table([{"model": "m", "sets": {"e-mails": g}}])
+    assert text.splitlines()[-1] == "| m | e-mails (1) | 1/1 | 75.0% | 17 |"
