@@ -87,14 +87,14 @@ def run_demo(args) -> int:
     env.update(STRUCTSPEC_DATA_DIR=str(data_dir), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     children = Children(env, data_dir)
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + args.timeout
     say = lambda msg: print(f"demo: {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         say(f"data in {data_dir}; starting the API on {base}")
         children.start("server", "serve", "--port", str(port))
-        _wait(lambda: _healthy(httpx, base), children, deadline, "the API to become healthy")
+        wait_for(lambda: healthy(httpx, base), children, deadline, "the API to become healthy")
         say("starting a worker (loads the model once)")
         children.start("worker", "worker")
         with httpx.Client(base_url=base, timeout=30) as http:
@@ -118,7 +118,7 @@ def run_demo(args) -> int:
                     last = line
                 return b["finished_at"] is not None and b
 
-            batch = _wait(progress, children, deadline, "the batch to finish", interval=0.5)
+            batch = wait_for(progress, children, deadline, "the batch to finish", interval=0.5)
             with http.stream("GET", f"/v1/batches/{batch_id}/results") as results:
                 for line in results.iter_lines():
                     if line:
@@ -181,18 +181,18 @@ def acceptance_summary(stats: dict) -> list[str]:
     return lines
 
 
-def _raise_interrupt(*_):
+def raise_interrupt(*_):
     raise KeyboardInterrupt
 
 
-def _healthy(httpx, base: str) -> bool:
+def healthy(httpx, base: str) -> bool:
     try:
         return httpx.get(f"{base}/health", timeout=5).status_code == 200
     except httpx.TransportError:
         return False
 
 
-def _wait(fn, children: Children, deadline: float, what: str, interval: float = 0.2):
+def wait_for(fn, children: Children, deadline: float, what: str, interval: float = 0.2):
     while True:
         value = fn()
         if value:

@@ -20,9 +20,14 @@ import torch
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def in_ci() -> bool:
+    """CI is set to something other than empty, 0, false or no (CI=false is a local run)."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
 def unavailable(reason: str):
     """Fail in CI, skip (saying why) elsewhere."""
-    if os.environ.get("CI"):
+    if in_ci():
         pytest.fail(f"required for CI but unavailable: {reason}")
     pytest.skip(reason)
 
@@ -45,7 +50,8 @@ def allowed_tokens(words: torch.Tensor, exclude=()) -> list[int]:
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from structspec.engine.model import ModelLoadError, load_tokenizer
+    from structspec.engine.model import load_tokenizer
+    from structspec.engine.model_files import ModelLoadError
 
     try:
         return load_tokenizer()
@@ -101,7 +107,8 @@ def tiny_engine(tiny_loaded):
 def default_engine():
     from structspec.config import Settings
     from structspec.engine.engine import Engine
-    from structspec.engine.model import ModelLoadError, load_model
+    from structspec.engine.model import load_model
+    from structspec.engine.model_files import ModelLoadError
 
     try:
         loaded = load_model("default", device="cpu", cache_dir=Settings.from_env().cache_dir)

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
-from structspec.demo import ROOT, Children, _healthy, _raise_interrupt, _wait, free_port
+from structspec.demo import ROOT, Children, free_port, healthy, raise_interrupt, wait_for
 
 SCHEMA = {
     "type": "object",
@@ -217,7 +217,7 @@ class Service:
     def __enter__(self) -> "Service":
         import httpx
 
-        self._previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        self._previous = signal.signal(signal.SIGTERM, raise_interrupt)
         try:
             self.say(f"{self.label}; data in {self.data_dir}; API on {self.base}")
             # Every request goes through auth with a key of its own tenant, as in production.
@@ -228,7 +228,7 @@ class Service:
                 raise RuntimeError(f"structspec keys create failed: {created.stderr.strip()[-2000:]}")
             auth = {"authorization": f"Bearer {created.stdout.split()[-1]}"}
             self.children.start("server", "serve", "--port", str(self.port))
-            _wait(lambda: _healthy(httpx, self.base), self.children, self.deadline, "the API to become healthy")
+            wait_for(lambda: healthy(httpx, self.base), self.children, self.deadline, "the API to become healthy")
             self.children.start("worker", "worker", *(["--concurrency", str(self.worker_concurrency)]
                                                       if self.worker_concurrency else []))
             limits = httpx.Limits(max_connections=self.connections, max_keepalive_connections=self.connections)

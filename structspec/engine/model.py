@@ -16,9 +16,7 @@ from pathlib import Path
 
 import torch
 
-# The file locations need no torch (the API uses them); re-exported here for existing callers.
-from structspec.engine.model_files import (DEFAULT_GGUF_NAME, DEFAULT_GGUF_PACKAGE, DEFAULT_MODEL,  # noqa: F401
-                                          ModelLoadError, converted_dir, default_gguf_path)
+from structspec.engine.model_files import DEFAULT_MODEL, ModelLoadError, converted_dir, default_gguf_path
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,9 @@
 """outlines backend: JSON Schema -> regex -> token-level DFA index (outlines_core).
 
-Measured on SmolLM2's 49k vocab (CPU, this repo's venv): building the Vocabulary
-~0.35 s (once per backend); Index build 55-100 ms for typical schemas with a few
-fields (llguidance: ~1 ms), but it grows steeply with bounded string lengths
-(maxLength 10: 0.12 s, 12: 0.35 s, 16: 5 s, 20: > 1 min and GBs of memory) and
-unconstrained values (`{"type": "object"}`, `{"type": "array"}`) cost 4-6 s.
-Matcher steps are lookups in the index: ~1 µs per consumed token, ~3 µs per mask
-fill once a state's mask is cached (the first fill for a state builds it from the
-index, up to ~2 ms for a 48k-token state), forced bytes ~20 µs per new state.
+The Vocabulary is built once per backend and the Index once per schema. The Index is a
+DFA over the vocabulary, so its build grows steeply with bounded string lengths and with
+unconstrained values (`{"type": "object"}`); matcher steps are lookups in it, and a
+state's mask is built once and then cached. Its costs: docs/conformance.md (outlines section).
 
 outlines' schema translation is loose: it silently ignores many keywords and a few
 of its regexes can produce text that is not valid JSON. `compile` therefore checks

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from structspec.engine.model import ModelLoadError, converted_dir, default_gguf_path, load_model
+from structspec.engine.model import load_model
+from structspec.engine.model_files import ModelLoadError, converted_dir, default_gguf_path
 from structspec.engine.prompt import DocumentTooLong, build_prompt
 
 
