@@ -1,6 +1,8 @@
 """`structspec bench`: structspec against the tools a user would pick instead, in one run.
 
-Systems (all greedy, same model object, same prompt token ids, same output cap):
+Systems (all greedy, same model object, same prompt, same output cap; structspec and
+hf-prompt-lookup get the same prompt token ids, outlines the decoded prompt text, which it
+tokenizes again, so its ids may differ where the text does not round-trip):
   structspec:<strategy>[+verbatim]  the engine; strategy none | schema | ngram | composite | auto
   outlines                          the `outlines` package on transformers, generating the same
                                     (normalised) schema: what most users run for schema-valid JSON
@@ -11,7 +13,8 @@ Every document runs every system back to back (interleaved, the machine is noisy
 figure that matters is a ratio over the same documents in the same run. End-to-end seconds
 cover the whole call: prompt, grammar, prefill and decode; structspec reuses no prefill here.
 `auto` systems pool their statistics over the dataset (DeepJSONEval gives each document its
-own schema) and may warm up on the first `--warmup` documents, which only they run.
+own schema), unlike the service, which keeps them per schema; they may warm up on the first
+`--warmup` documents, which only they run.
 """
 
 from __future__ import annotations

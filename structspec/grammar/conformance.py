@@ -7,8 +7,9 @@ generates), feed its tokens to a fresh matcher, and compare "the grammar accepts
 instance's `valid`:
 
   correct       agrees
-  false accept  the grammar lets an invalid instance through. `warned` when registration warns
-                that the schema uses a keyword the grammar does not enforce (the engine then
+  false accept  the grammar lets an invalid instance through. `warned` when registration gives
+                the schema any warning (not matched to the path the instance breaks) that it
+                uses a keyword the grammar does not enforce (the engine then
                 validates with jsonschema and fails such a job naming the keyword); `silent`
                 otherwise: those are the bugs this report exists to find.
   false reject  a valid instance the grammar refuses; `closed` when the instance has a key the
