@@ -200,7 +200,7 @@ def open_local_stats(settings: Settings, schema: dict, path: str):
     from sqlalchemy.engine import make_url
 
     from structspec.db.session import normalize_database_url
-    from structspec.stats.local import LocalStats, cli_schema_name
+    from structspec.local_stats import LocalStats, cli_schema_name
 
     try:
         local = LocalStats(settings, schema, cli_schema_name(path))
@@ -441,7 +441,7 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
 
 
 def cmd_conformance(args) -> int:
-    from structspec.grammar.conformance import main as conformance
+    from structspec.bench.conformance import main as conformance
 
     return conformance(args)
 
@@ -653,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Compile every schema as registration does and check that the grammar accepts "
                                    "each valid test instance and refuses each invalid one; Markdown tables on stdout "
                                    "(docs/conformance.md holds the latest).")
-    from structspec.grammar.conformance import add_arguments as add_conformance_args
+    from structspec.bench.conformance import add_arguments as add_conformance_args
 
     add_conformance_args(p)
     p.set_defaults(func=cmd_conformance)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from structspec.grammar import SchemaError, check_schema
-from structspec.grammar.conformance import main
+from structspec.bench.conformance import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "conformance"
 

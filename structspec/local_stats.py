@@ -1,5 +1,8 @@
 """`strategy: auto` outside the service: `structspec extract` learns in the local database.
 
+It sits beside the CLI, not in stats/: it composes the schema registry of the API's service
+layer with the statistics, which stats/ and db/ must not import (tests/unit/test_layering.py).
+
 The CLI registers its schema file in the same registry the API uses (name `cli.<file stem>`,
 deduplicated by content), picks (strategy, draft_len) per document exactly as a worker does,
 and folds each document's stats into the same tables, so `GET /v1/schemas/{id}/stats` of a
