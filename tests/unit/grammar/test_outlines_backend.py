@@ -4,28 +4,12 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
 
 from structspec.grammar.base import SchemaError
 from structspec.grammar.outlines_backend import OutlinesBackend, pattern_problem
-
-FALLBACK_TOKENIZER = "/tmp/smol"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    try:
-        from structspec.engine.model import load_tokenizer
-        return load_tokenizer()
-    except Exception:  # not there yet, or no model available here
-        pass
-    if not Path(FALLBACK_TOKENIZER).exists():
-        pytest.skip("no tokenizer available")
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(FALLBACK_TOKENIZER)
 
 
 @pytest.fixture(scope="module")
