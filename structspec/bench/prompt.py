@@ -1,7 +1,9 @@
 """The extraction prompt's layout, measured: the schema as the field list the engine uses
-(engine/prompt.py) against the raw JSON Schema, on DeepJSONEval and on synthetic receipts with
-gold values, default model, greedy `none` (the grammar enforces the schema either way; the
-prompt only steers the model). One process, the documents of each variant batched.
+(engine/prompt.py) against the raw JSON Schema, and the field list after one worked example
+(a user turn with another schema and document, and the assistant's JSON), on DeepJSONEval and
+on synthetic receipts with gold values, default model, greedy `none` (the grammar enforces the
+schema either way; the prompt only steers the model). One process, the documents of each
+variant batched.
 
     python -m structspec.bench.prompt [--dataset ../shared/data/deepjsoneval_en.jsonl] [--limit 8]
 """
@@ -23,24 +25,50 @@ from structspec.options import RequestOptions
 RECEIPT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "receipt.json"
 
 
-def raw_schema_message(schema: dict, document: str) -> str:
+def raw_schema_messages(schema: dict, document: str) -> list[dict[str, str]]:
     """The layout before the field list: the JSON Schema as compact JSON."""
-    return f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}\n\nDocument:\n{document}"
+    raw = f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}\n\nDocument:\n{document}"
+    return [{"role": "system", "content": prompt.SYSTEM_INSTRUCTION}, {"role": "user", "content": raw}]
 
 
-VARIANTS = {"raw JSON Schema": raw_schema_message, "field list (default)": prompt.user_message}
+# One worked example, its own schema, document and answer (invented for this benchmark).
+EXAMPLE_SCHEMA = {"type": "object", "properties": {
+    "sender": {"type": "string", "description": "Who sent the parcel"},
+    "recipient": {"type": "string"},
+    "shipped": {"type": "string", "description": "Date shipped, as printed"},
+    "lines": {"type": "array", "items": {"type": "object", "properties": {
+        "title": {"type": "string"}, "quantity": {"type": "integer"}}}},
+    "total": {"type": "number", "description": "Amount charged"}}}
+EXAMPLE_DOCUMENT = ("PARCEL DELIVERY NOTE\nAlder & Finch Books, 5 Mill Lane, York YO1 7PX\nDeliver to: Priya Raman\n"
+                    "Shipped: 12 May 2023\n\n2 x Field Guide to Mosses      36.00\n1 x Pocket Atlas of Britain     9.50\n\n"
+                    "Postage                         3.20\nTotal charged                  48.70\n")
+EXAMPLE_ANSWER = {"sender": "Alder & Finch Books", "recipient": "Priya Raman", "shipped": "12 May 2023",
+                  "lines": [{"title": "Field Guide to Mosses", "quantity": 2},
+                            {"title": "Pocket Atlas of Britain", "quantity": 1}], "total": 48.7}
+
+
+def worked_example_messages(schema: dict, document: str) -> list[dict[str, str]]:
+    """The default messages with one worked example between instruction and request."""
+    system, user = DEFAULT(schema, document)
+    example = DEFAULT(EXAMPLE_SCHEMA, EXAMPLE_DOCUMENT)[1]
+    return [system, example, {"role": "assistant", "content": json.dumps(EXAMPLE_ANSWER, ensure_ascii=False)}, user]
+
+
+DEFAULT = prompt.extraction_messages
+VARIANTS = {"raw JSON Schema": raw_schema_messages, "field list (default)": DEFAULT,
+            "field list after one worked example": worked_example_messages}
 
 
 def measure(loaded, settings: Settings, rows: list[dict], max_tokens: int) -> dict[str, dict]:
     out = {}
     for name, layout in VARIANTS.items():
-        prompt.user_message = layout
+        prompt.extraction_messages = layout
         try:
             engine = Engine(loaded, settings)
             results = engine.run([Request(r["schema"], r["text"], RequestOptions(strategy="none", max_tokens=max_tokens))
                                   for r in rows])
         finally:
-            prompt.user_message = VARIANTS["field list (default)"]
+            prompt.extraction_messages = DEFAULT
         matched = total = 0
         for row, res in zip(rows, results):
             if row.get("gold") is not None:
