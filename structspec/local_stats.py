@@ -47,10 +47,10 @@ class LocalStats:
     def choose(self, draft_len: int | None = None, verbatim: bool = False) -> tuple[Choice, str]:
         """A Thompson draw (or the schema's pin), as the worker makes it for a job; the choice
         counts as pending until `record` gets its stats."""
-        from structspec.stats.resolve import choose
+        from structspec.stats.resolve import choose_for_job
 
         with self.sessions() as session:
-            choice, why = choose(session, self.settings, self.schema_id, job_id=uuid.uuid4(), draft_len=draft_len,
+            choice, why = choose_for_job(session, self.settings, self.schema_id, job_id=uuid.uuid4(), draft_len=draft_len,
                                  verbatim=verbatim, pending=self.in_flight.pending(self.schema_id, verbatim))
         self.in_flight.begin(self.schema_id, verbatim, choice.strategy)
         return choice, why

@@ -42,7 +42,7 @@ from structspec.db.session import make_engine, make_session_factory
 from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions
-from structspec.stats.resolve import InFlight, acceptance_curve, resolve_options
+from structspec.stats.resolve import InFlight, acceptance_curve, concrete_options
 from worker.app import RUN_JOBS, app, enqueue, queue_depth
 from worker.progress import PROGRESS, Pieces
 
@@ -292,8 +292,8 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
         verbatim = uses_verbatim(schema, opts.verbatim)
         try:
             with session.begin_nested():  # a failed read must not poison this transaction
-                opts = resolve_options(session, settings, schema_id, job_id, opts, verbatim=verbatim,
-                                       pending=IN_FLIGHT.pending(schema_id, verbatim))
+                opts = concrete_options(session, settings, schema_id, job_id, opts, verbatim=verbatim,
+                                        pending=IN_FLIGHT.pending(schema_id, verbatim))
                 acceptance = None
                 if auto and opts.strategy != "none" and opts.draft_len:
                     acceptance = acceptance_curve(session, settings, schema_id, opts.strategy, opts.draft_len,

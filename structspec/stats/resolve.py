@@ -22,9 +22,9 @@ def selector_config(settings: Settings) -> SelectorConfig:
                           prior_pass_s=settings.stats_prior_pass_ms / 1000.0)
 
 
-def choose(session: Session, settings: Settings, schema_id: uuid.UUID, *, job_id: uuid.UUID | None = None,
-           draft_len: int | None = None, verbatim: bool = False,
-           pending: Mapping[str, float] | None = None) -> tuple[Choice, str]:
+def choose_for_job(session: Session, settings: Settings, schema_id: uuid.UUID, *,
+                   job_id: uuid.UUID | None = None, draft_len: int | None = None, verbatim: bool = False,
+                   pending: Mapping[str, float] | None = None) -> tuple[Choice, str]:
     """(choice, why) for a job of `schema_id`: the schema's pin if set ("pinned"), else a
     Thompson draw seeded by (stats_seed, job_id) ("selected"); job_id None gives the
     posterior-mean choice ("estimate"). Verbatim jobs learn only from verbatim jobs."""
@@ -40,14 +40,14 @@ def choose(session: Session, settings: Settings, schema_id: uuid.UUID, *, job_id
     return choice, "selected" if rng is not None else "estimate"
 
 
-def resolve_options(session: Session, settings: Settings, schema_id: uuid.UUID, job_id: uuid.UUID,
-                    options: RequestOptions, verbatim: bool = False,
-                    pending: Mapping[str, float] | None = None) -> RequestOptions:
+def concrete_options(session: Session, settings: Settings, schema_id: uuid.UUID, job_id: uuid.UUID,
+                     options: RequestOptions, verbatim: bool = False,
+                     pending: Mapping[str, float] | None = None) -> RequestOptions:
     """`options` with strategy/draft_len concrete. With auto and a given draft_len, only the
     strategy is chosen (at that k; the schema's pin still wins)."""
     if options.strategy != AUTO:
         return options
-    choice, _ = choose(session, settings, schema_id, job_id=job_id, draft_len=options.draft_len,
+    choice, _ = choose_for_job(session, settings, schema_id, job_id=job_id, draft_len=options.draft_len,
                        verbatim=verbatim, pending=pending)
     return options.replace(strategy=choice.strategy, draft_len=choice.draft_len)
 

@@ -15,7 +15,7 @@ from structspec.db.session import make_engine, make_session_factory
 from structspec.db.stats import StatsRepository
 from structspec.options import RequestOptions
 from structspec.stats.aggregate import InMemoryStats
-from structspec.stats.resolve import acceptance_curve, resolve_options
+from structspec.stats.resolve import acceptance_curve, concrete_options
 from structspec.stats.selector import Selector
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
@@ -178,9 +178,9 @@ def test_pin_overrides_auto_and_auto_unpins(client, sessions, schema_id, setting
     assert r.json()["selected"] == {"strategy": "ngram", "draft_len": 6} and r.json()["selected_by"] == "pinned"
     sid = uuid.UUID(schema_id)
     with sessions() as session:
-        opts = resolve_options(session, settings, sid, uuid.uuid4(), RequestOptions(strategy="auto"))
+        opts = concrete_options(session, settings, sid, uuid.uuid4(), RequestOptions(strategy="auto"))
         assert (opts.strategy, opts.draft_len) == ("ngram", 6)
-        explicit = resolve_options(session, settings, sid, uuid.uuid4(), RequestOptions(strategy="schema", draft_len=3))
+        explicit = concrete_options(session, settings, sid, uuid.uuid4(), RequestOptions(strategy="schema", draft_len=3))
         assert (explicit.strategy, explicit.draft_len) == ("schema", 3)
     r = client.put(f"/v1/schemas/{schema_id}/strategy", json={"strategy": "auto"})
     assert r.status_code == 200 and r.json()["pinned"] is None and r.json()["selected_by"] == "estimate"
@@ -189,11 +189,11 @@ def test_pin_overrides_auto_and_auto_unpins(client, sessions, schema_id, setting
 def test_auto_resolution_is_reproducible_per_job_and_keeps_a_given_draft_len(sessions, schema_id, settings):
     sid, job = uuid.UUID(schema_id), uuid.uuid4()
     with sessions() as session:
-        a = resolve_options(session, settings, sid, job, RequestOptions(strategy="auto", temperature=0.5))
-        b = resolve_options(session, settings, sid, job, RequestOptions(strategy="auto", temperature=0.5))
+        a = concrete_options(session, settings, sid, job, RequestOptions(strategy="auto", temperature=0.5))
+        b = concrete_options(session, settings, sid, job, RequestOptions(strategy="auto", temperature=0.5))
         assert a == b and a.strategy in ("none", "schema", "ngram", "composite")
         assert a.temperature == 0.5  # only strategy and draft_len are chosen
-        fixed = [resolve_options(session, settings, sid, uuid.uuid4(), RequestOptions(strategy="auto", draft_len=3))
+        fixed = [concrete_options(session, settings, sid, uuid.uuid4(), RequestOptions(strategy="auto", draft_len=3))
                  for _ in range(20)]
     assert {c.draft_len for c in fixed} == {3}
     assert {c.strategy for c in fixed} <= {"schema", "ngram", "composite"}
@@ -217,9 +217,9 @@ def test_job_options_default_to_auto_and_reject_unknown_strategies(client, schem
     from structspec.api.structs import JobOptions
 
     svc = JobService(None, settings, None)
-    assert svc.resolve_options(None) == RequestOptions(strategy="auto", draft_len=None, max_tokens=settings.max_tokens)
-    assert svc.resolve_options(JobOptions(strategy="auto", draft_len=4)).draft_len == 4
-    assert svc.resolve_options(JobOptions(strategy="ngram")).draft_len == settings.draft_len
+    assert svc.request_options(None) == RequestOptions(strategy="auto", draft_len=None, max_tokens=settings.max_tokens)
+    assert svc.request_options(JobOptions(strategy="auto", draft_len=4)).draft_len == 4
+    assert svc.request_options(JobOptions(strategy="ngram")).draft_len == settings.draft_len
     body = assert_error(client.post("/v1/extractions", json={"schema_id": schema_id, "document": "x",
                                                              "options": {"strategy": "fastest"}}), 422)
     assert body["errors"][0]["path"] == "/options/strategy"

@@ -51,7 +51,7 @@ class JobService:
     def submit(self, data: ExtractionCreate) -> JobAccepted:
         schema_id = self._resolve_schema(data.schema_id, data.schema)
         self._check_document(data.document, "/document")
-        options = self.resolve_options(data.options)
+        options = self.request_options(data.options)
         [too_long] = self._token_problems(schema_id, [data.document])
         if too_long:
             raise UnprocessableError(too_long, [ErrorItem(path="/document", message=too_long, source="body")])
@@ -120,7 +120,7 @@ class JobService:
                 f"batch has {len(entries)} documents; the limit is {limit} (max_batch_size)",
                 [ErrorItem(path="/documents", message=f"{len(entries)} > {limit}", source="body")])
         schema_id = self._resolve_schema(schema_id_text, None)
-        options = self.resolve_options(options_in)
+        options = self.request_options(options_in)
         stored = options.as_dict()
         rows, rejected = [], []
         checked = [(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries]
@@ -206,7 +206,7 @@ class JobService:
 
     # --- shared --------------------------------------------------------------------------------
 
-    def resolve_options(self, given: JobOptions | None) -> RequestOptions:
+    def request_options(self, given: JobOptions | None) -> RequestOptions:
         """`given` with the server's defaults filled in (strategy: job_strategy), checked: a bad
         option is a 422 naming it. Under auto an unset draft_len stays unset (the worker picks k)."""
         values = msgspec.structs.asdict(given) if given else {}

@@ -117,7 +117,7 @@ def read_chat_request(body: Any, jobs: JobService, streaming: bool = True) -> Ch
     body = check_request(body, streaming)
     messages = chat_messages(body.get("messages"))
     schema = response_schema(body.get("response_format"))
-    options = jobs.resolve_options(job_options(body))
+    options = jobs.request_options(job_options(body))
     return ChatRequest(messages=messages, schema=schema, options=options, stream=bool(body.get("stream")),
                        include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
 

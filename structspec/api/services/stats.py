@@ -13,7 +13,7 @@ from structspec.db.repositories import SchemaRepository
 from structspec.db.stats import StatsRepository
 from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.stats import metrics
-from structspec.stats.resolve import choose
+from structspec.stats.resolve import choose_for_job
 
 
 class StatsService:
@@ -31,7 +31,7 @@ class StatsService:
             repo = StatsRepository(session)
             arms = repo.arms(sid)
             pin = repo.pin(sid)
-            choice, why = choose(session, self.settings, sid)
+            choice, why = choose_for_job(session, self.settings, sid)
         return SchemaStats(
             schema_id=sid, selected=StrategyChoice(strategy=choice.strategy, draft_len=choice.draft_len),
             selected_by=why, pinned=StrategyChoice(strategy=pin.strategy, draft_len=pin.draft_len) if pin else None,
