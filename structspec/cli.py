@@ -452,12 +452,7 @@ def cmd_demo(args) -> int:
     return run_demo(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    defaults = Settings.from_env()
-    parser = argparse.ArgumentParser(prog="structspec", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_extract_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("extract", help="extract JSON from documents with a schema",
                        description="Print one JSON value per document on stdout (results that are not "
                                    "a complete, schema-valid value go to stderr and make the exit status 1). "
@@ -476,6 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     p.set_defaults(func=cmd_extract)
 
+
+def add_bench_command(sub, defaults: Settings) -> None:
     from structspec.bench.harness import DEFAULT_SYSTEMS
 
     top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
@@ -496,6 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(top)
     top.set_defaults(func=cmd_bench)
     bench = top.add_subparsers(dest="bench", required=False)
+    add_bench_strategies_command(bench, defaults)
+    add_bench_auto_command(bench, defaults)
+    add_bench_load_command(bench, defaults)
+    add_bench_batch_command(bench, defaults)
+    add_bench_kernels_command(bench, defaults)
+
+
+def add_bench_strategies_command(bench, defaults: Settings) -> None:
     p = bench.add_parser("strategies", help="compare drafting strategies on a JSONL dataset")
     p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
     p.add_argument("--limit", type=int, default=20)
@@ -507,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write per-document records (JSON) here")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_strategies)
+
+
+def add_bench_auto_command(bench, defaults: Settings) -> None:
     p = bench.add_parser("auto", help="the auto selector against every fixed (strategy, k) arm it chooses from",
                          description="Warm the selector up on the first --warmup documents (auto alone), then run "
                                      "none, every fixed arm and auto interleaved on the next --limit documents and "
@@ -525,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write per-document records (JSON) here")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_auto)
+
+
+def add_bench_load_command(bench, defaults: Settings) -> None:
     p = bench.add_parser("load", help="many concurrent POST /v1/extractions against a real server and worker",
                          description="Start `structspec serve` and a real `structspec worker` (default model; SQLite "
                                      "+ embedded broker in a temporary directory unless --database-url/--broker-url), "
@@ -551,6 +562,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the server's rate_limit_per_minute (default 0 = off: one client firing --jobs at once "
                         "is what the limiter refuses)")
     p.set_defaults(func=cmd_bench_load)
+
+
+def add_bench_batch_command(bench, defaults: Settings) -> None:
     p = bench.add_parser("batch", help="the batched engine against one sequence at a time (docs/benchmarks.md)",
                          description="Parts a-f of the batched-engine benchmark (see structspec/bench/batch.py): "
                                      "Markdown on stdout, batch.json, batch.md and batch_throughput.png in --out.")
@@ -581,10 +595,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-out", help="directory for batch.json, batch.md, batch_throughput.png")
     add_model_args(p)
     p.set_defaults(func=cmd_bench_batch)
+
+
+def add_bench_kernels_command(bench, defaults: Settings) -> None:
     p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
     p.add_argument("rest", nargs=argparse.REMAINDER)
     p.set_defaults(func=cmd_bench_kernels)
 
+
+def add_serve_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("serve", help="run the HTTP API (migrates the database to head first)",
                        description="Serve the REST API with uvicorn. Applies pending migrations first "
                                    "(`structspec migrate upgrade head`), so a fresh checkout works with the "
@@ -595,6 +614,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations first")
     p.set_defaults(func=cmd_serve)
 
+
+def add_keys_command(sub, defaults: Settings) -> None:
     keys = sub.add_parser("keys", help="create, list and revoke API keys",
                           description="API keys for the /v1 routes (structspec/api/auth.py). Once one "
                                       "active key exists every /v1 request needs `Authorization: Bearer "
@@ -609,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("key_id", metavar="ID")
     keys.set_defaults(func=cmd_keys)
 
+
+def add_migrate_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("migrate", help="apply or revert database migrations (Alembic)",
                        description="Migrate the database at STRUCTSPEC_DATABASE_URL (default: SQLite in "
                                    "STRUCTSPEC_DATA_DIR). Default: upgrade head; downgrade defaults to -1.")
@@ -616,6 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("revision", nargs="?", metavar="REV", help="target revision: head, base, 0001, -1, +1 ...")
     p.set_defaults(func=cmd_migrate)
 
+
+def add_worker_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("worker", help="run an extraction worker (Celery) on STRUCTSPEC_BROKER_URL",
                        description="Consume extraction jobs from the broker, load the model once per process, "
                                    "store results in STRUCTSPEC_DATABASE_URL. Also re-queues jobs whose worker "
@@ -631,6 +656,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hostname", help="Celery node name (default celery@HOST)")
     p.set_defaults(func=cmd_worker)
 
+
+def add_submit_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("submit", help="send documents to a running server, one job each, and wait",
                        description="Register --schema on the server, submit one extraction job per document, "
                                    "show progress until all are finished, and print one JSON value per "
@@ -640,6 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(p, defaults)
     p.set_defaults(func=cmd_submit)
 
+
+def add_batch_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("batch", help="send an NDJSON file to a running server as one batch, and wait",
                        description="Register --schema on the server, upload FILE (one {\"id\"?, \"document\"} "
                                    "per line) as a batch, show progress until it is finished, and print the "
@@ -648,6 +677,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_client_args(p, defaults)
     p.set_defaults(func=cmd_batch)
 
+
+def add_conformance_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("conformance", help="what the grammar backends enforce, on the JSON-Schema-Test-Suite "
                                            "and JSONSchemaBench",
                        description="Compile every schema as registration does and check that the grammar accepts "
@@ -658,6 +689,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_conformance_args(p)
     p.set_defaults(func=cmd_conformance)
 
+
+def add_demo_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a batch of e-mails",
                        description="Start the API server and one worker as subprocesses (SQLite + embedded "
                                    "broker in a temporary directory unless --data-dir), register "
@@ -668,6 +701,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=0, help="API port (default: a free one)")
     p.add_argument("--timeout", type=float, default=900, help="give up after this many seconds")
     p.set_defaults(func=cmd_demo)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = Settings.from_env()
+    parser = argparse.ArgumentParser(prog="structspec", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    add_extract_command(sub, defaults)
+    add_bench_command(sub, defaults)
+    add_serve_command(sub, defaults)
+    add_keys_command(sub, defaults)
+    add_migrate_command(sub, defaults)
+    add_worker_command(sub, defaults)
+    add_submit_command(sub, defaults)
+    add_batch_command(sub, defaults)
+    add_conformance_command(sub, defaults)
+    add_demo_command(sub, defaults)
     return parser
 
 
