@@ -49,8 +49,8 @@ class JobService:
     # --- single extractions --------------------------------------------------------------------
 
     def submit(self, data: ExtractionCreate) -> JobAccepted:
-        schema_id = self._resolve_schema(data.schema_id, data.schema)
-        self._check_document(data.document, "/document")
+        schema_id = self.resolve_schema(data.schema_id, data.schema)
+        self.check_document(data.document, "/document")
         options = self.request_options(data.options)
         [too_long] = self._token_problems(schema_id, [data.document])
         if too_long:
@@ -64,7 +64,7 @@ class JobService:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
                                                              document=document, messages=messages,
                                                              options=options.as_dict(), stream=stream)])
-        self._publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
+        self.publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
                       what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
                                          "strategy": options.strategy, "document_chars": len(document),
@@ -119,7 +119,7 @@ class JobService:
             raise PayloadTooLargeError(
                 f"batch has {len(entries)} documents; the limit is {limit} (max_batch_size)",
                 [ErrorItem(path="/documents", message=f"{len(entries)} > {limit}", source="body")])
-        schema_id = self._resolve_schema(schema_id_text, None)
+        schema_id = self.resolve_schema(schema_id_text, None)
         options = self.request_options(options_in)
         stored = options.as_dict()
         rows, rejected = [], []
@@ -144,7 +144,7 @@ class JobService:
             for row in rows:
                 row["batch_id"] = batch.id
             ids = JobRepository(session).add_many(rows)
-        self._publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
+        self.publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
                       what={"batch_id": batch.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(batch.id), "schema_id": str(schema_id),
                                            "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),
@@ -224,11 +224,11 @@ class JobService:
         template (the OpenAI-compatible surface); their text is the job's document, which the
         n-gram proposers draft from. The schema is registered, or reused, by its content.
         `stream`: the worker writes the output text while it runs (jobs.partial)."""
-        schema_id = self._resolve_schema(None, schema, registered_by)
+        schema_id = self.resolve_schema(None, schema, registered_by)
         from structspec.engine.prompt import messages_text
 
         text = messages_text(messages)
-        self._check_document(text, "/messages")
+        self.check_document(text, "/messages")
         return self._queue_one(schema_id, text, options, messages, stream)
 
     def record(self, job_id: uuid.UUID) -> JobRecord:
@@ -255,8 +255,10 @@ class JobService:
         except Exception as e:  # the reply is gone either way; the job then just runs to its end
             log.warning("could not cancel job %s after its client went away: %s", job_id, preview(e))
 
-    def _resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None,
-                        registered_by: str = "POST /v1/extractions") -> uuid.UUID:
+    def resolve_schema(self, schema_id: str | None, inline: dict[str, Any] | None,
+                       registered_by: str = "POST /v1/extractions") -> uuid.UUID:
+        """The id of a registered schema (this tenant's), or of `inline` registered now; 422/404
+        naming the problem. Used by the OpenAI surface too."""
         if (schema_id is None) == (inline is None):
             raise UnprocessableError("give exactly one of schema_id and schema", [
                 ErrorItem(path="/schema_id", message="exactly one of schema_id and schema is required",
@@ -286,14 +288,17 @@ class JobService:
             schema = SchemaRepository(session).get(schema_id).body
         return self.doclen.problems(schema, documents)
 
-    def _check_document(self, document: str, path: str) -> None:
+    def check_document(self, document: str, path: str) -> None:
+        """413 naming `path` when the document is over max_document_bytes."""
         size, limit = len(document.encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
         if size > limit:
             raise PayloadTooLargeError(
                 f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)",
                 [ErrorItem(path=path, message=f"{size} bytes > {limit} bytes", source="body")])
 
-    def _publish(self, ids: list[uuid.UUID], undo, what: dict[str, Any]) -> None:
+    def publish(self, ids: list[uuid.UUID], undo, what: dict[str, Any]) -> None:
+        """Send the stored jobs `ids` to the broker; if that fails, run `undo` (it deletes what was
+        stored) and answer 503, so that nothing is left queued that no worker will see."""
         from worker.app import enqueue
 
         try:

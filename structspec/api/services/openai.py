@@ -390,7 +390,7 @@ class OpenAIBatchService:
                 in_progress_at=now, expires_at=now + COMPLETION_WINDOWS[window])
             record_id = record.id
         if rows:
-            self.jobs._publish(ids, undo=lambda s: _delete(s, record_id, batch_id),
+            self.jobs.publish(ids, undo=lambda s: _delete(s, record_id, batch_id),
                                what={"openai_batch_id": record_id, "batch_id": batch_id})
         return self.get(record_id)
 
@@ -433,9 +433,9 @@ class OpenAIBatchService:
                 request = read_chat_request(line.get("body"), self.jobs, streaming=False)
                 key = json.dumps(request.schema, sort_keys=True)
                 if key not in schemas:
-                    schemas[key] = self.jobs._resolve_schema(None, request.schema, "POST /openai/v1/batches")
+                    schemas[key] = self.jobs.resolve_schema(None, request.schema, "POST /openai/v1/batches")
                 text = messages_text(request.messages)
-                self.jobs._check_document(text, "/body/messages")
+                self.jobs.check_document(text, "/body/messages")
             except ApiError as e:
                 message, param, _ = flatten(e.detail, e.errors)
                 invalid.append({"line": n, "custom_id": custom_id, "status_code": e.status_code, "message": message,
