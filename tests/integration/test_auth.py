@@ -4,7 +4,6 @@ another key (404, never the data), on SQLite and PostgreSQL."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
