@@ -16,8 +16,8 @@ def lookup_step(ctx: DraftContext, tail: str, budget: int) -> list[int]:
     and the grammar picks among its places: the candidate with the longest valid prefix (the
     earlier on a tie). Spans never replace a match: in a verbatim value every span is valid, so
     the grammar cannot tell "the value's next occurrence" from "what followed this key before",
-    and the default model mostly repeats earlier values (offering spans first cost ngram 0.27
-    and composite 0.61 tokens/pass; docs/benchmarks.md)."""
+    and the default model mostly repeats earlier values (offering spans first made both ngram
+    and composite slower when verbatim drafting was written; that run is not in the docs)."""
     if budget <= 0:
         return []
     n_chars = budget * CHARS_PER_TOKEN
