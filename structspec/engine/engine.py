@@ -35,7 +35,6 @@ from structspec.engine.sequence import ExtractResult, Phase, Request, RequestSta
 from structspec.engine.step import commit, emitted_probs, fill_bitmask, guard_loops, margins, pack, propose, verify
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
-from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import SPECS, RequestOptions
 
@@ -118,7 +117,7 @@ class Engine:
             prompt = build_prompt(self.loaded.tokenizer, schema, document, self.loaded.context_len)
         else:
             prompt = build_chat_prompt(self.loaded.tokenizer, request.messages, self.loaded.context_len)
-        verbatim = uses_verbatim(schema, opts.verbatim)
+        verbatim = grammar.verbatim
         matcher = grammar.matcher()
         generator = None
         if opts.temperature > 0:

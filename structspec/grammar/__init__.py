@@ -83,7 +83,9 @@ class GrammarCache:
         def build() -> CompiledGrammar:
             check_meta_schema(schema)
             check_annotations(schema)
-            return self.backend.compile_verbatim(close_objects(schema), document, verbatim)
+            grammar = self.backend.compile_verbatim(close_objects(schema), document, verbatim)
+            grammar.verbatim = True
+            return grammar
 
         return self._cached(f"{schema_hash(schema)}:{verbatim}:{hashlib.sha256(document.encode()).hexdigest()}",
                             build)

@@ -70,7 +70,11 @@ class Matcher(Protocol):
 
 
 class CompiledGrammar(Protocol):
-    """An immutable compiled schema; cheap to start matchers from."""
+    """An immutable compiled schema; cheap to start matchers from. `verbatim`: some string of it
+    is limited to spans of a document (set by GrammarCache.get_for; the engine's proposers read
+    it)."""
+
+    verbatim: bool
 
     def matcher(self) -> Matcher: ...
 

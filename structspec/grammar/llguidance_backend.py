@@ -58,6 +58,8 @@ class LLGuidanceMatcher:
 
 
 class LLGuidanceGrammar:
+    verbatim = False  # GrammarCache.get_for sets it on a grammar compiled for one document
+
     def __init__(self, tokenizer: llguidance.LLTokenizer, grammar: str, limits=None):
         self._tokenizer = tokenizer
         self._grammar = grammar

@@ -235,6 +235,8 @@ class OutlinesMatcher:
 class OutlinesGrammar:
     """A compiled index plus lazily built, shared per-state data (masks, forced bytes)."""
 
+    verbatim = False  # GrammarCache.get_for sets it on a grammar compiled for one document
+
     def __init__(self, backend: "OutlinesBackend", regex: str, index: Index):
         self.regex = regex
         self.index = index
