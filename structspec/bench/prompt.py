@@ -16,7 +16,7 @@ from pathlib import Path
 
 import structspec.engine.prompt as prompt
 from structspec.bench.receipts import receipts
-from structspec.bench.strategies import field_accuracy, load_dataset
+from structspec.bench.strategies import load_dataset, results_accuracy
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
@@ -30,6 +30,8 @@ def raw_schema_messages(schema: dict, document: str) -> list[dict[str, str]]:
     raw = f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}\n\nDocument:\n{document}"
     return [{"role": "system", "content": prompt.SYSTEM_INSTRUCTION}, {"role": "user", "content": raw}]
 
+
+DEFAULT = prompt.extraction_messages
 
 # One worked example, its own schema, document and answer (invented for this benchmark).
 EXAMPLE_SCHEMA = {"type": "object", "properties": {
@@ -54,7 +56,6 @@ def worked_example_messages(schema: dict, document: str) -> list[dict[str, str]]
     return [system, example, {"role": "assistant", "content": json.dumps(EXAMPLE_ANSWER, ensure_ascii=False)}, user]
 
 
-DEFAULT = prompt.extraction_messages
 VARIANTS = {"raw JSON Schema": raw_schema_messages, "field list (default)": DEFAULT,
             "field list after one worked example": worked_example_messages}
 
@@ -69,11 +70,7 @@ def measure(loaded, settings: Settings, rows: list[dict], max_tokens: int) -> di
                                   for r in rows])
         finally:
             prompt.extraction_messages = DEFAULT
-        matched = total = 0
-        for row, res in zip(rows, results):
-            if row.get("gold") is not None:
-                m, n = field_accuracy(res.value if res.status == "succeeded" else None, row["gold"])
-                matched, total = matched + m, total + n
+        matched, total = results_accuracy(results, rows)
         out[name] = {"valid": sum(r.status == "succeeded" for r in results), "documents": len(rows),
                      "accuracy": matched / total if total else None,
                      "output_tokens": sum(len(r.tokens) for r in results)}

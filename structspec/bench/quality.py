@@ -25,7 +25,7 @@ from pathlib import Path
 
 from structspec.bench.contacts import contacts
 from structspec.bench.receipts import receipts
-from structspec.bench.strategies import field_accuracy, leaves, load_dataset, write_report
+from structspec.bench.strategies import leaves, load_dataset, results_accuracy, write_report
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
@@ -84,7 +84,7 @@ def plot(report: dict[str, dict], path: Path) -> None:
         pts = [(b["confidence_sum"] / b["values"], b["correct"] / b["values"], b["values"])
                for b in graded["buckets"] if b["values"]]
         if pts:
-            xs, ys, ns = zip(*pts)
+            xs, ys, _ = zip(*pts)
             ax.plot(xs, ys, marker="o", label=label)
             for x, y, n in pts:
                 ax.annotate(str(n), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
@@ -115,10 +115,7 @@ def run_model(model: str, args) -> dict:
     for label, rows in sets.items():
         start = time.perf_counter()
         results = engine.run([Request(r["schema"], r["text"], opts) for r in rows])
-        matched = total = 0
-        for row, res in zip(rows, results):
-            m, n = field_accuracy(res.value if res.status == "succeeded" else None, row["gold"])
-            matched, total = matched + m, total + n
+        matched, total = results_accuracy(results, rows)
         report[label] = {**grade(results, rows), "gold_matched": matched, "gold_fields": total,
                          "output_tokens": sum(len(r.tokens) for r in results),
                          "seconds": round(time.perf_counter() - start, 1)}

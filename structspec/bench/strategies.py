@@ -17,8 +17,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from structspec.engine.engine import Engine
 from structspec.engine import grounding
+from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong
 from structspec.options import STRATEGIES, RequestOptions
 
@@ -67,6 +67,17 @@ def field_accuracy(value, gold) -> tuple[int, int]:
     want = leaves(gold)
     have = leaves(value) if value is not None else {}
     return sum(1 for p, v in want.items() if p in have and have[p] == v), len(want)
+
+
+def results_accuracy(results, rows: list[dict]) -> tuple[int, int]:
+    """field_accuracy summed over the rows that carry gold: a result that did not succeed
+    matches none of its gold leaves."""
+    matched = total = 0
+    for row, res in zip(rows, results):
+        if row.get("gold") is not None:
+            m, n = field_accuracy(res.value if res.status == "succeeded" else None, row["gold"])
+            matched, total = matched + m, total + n
+    return matched, total
 
 
 def system_name(strategy: str, verbatim: bool) -> str:

@@ -65,7 +65,7 @@ class JobService:
                                                              document=document, messages=messages,
                                                              options=options.as_dict(), stream=stream)])
         self.publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
-                      what={"job_id": job_id, "schema_id": schema_id})
+                     what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
                                          "strategy": options.strategy, "document_chars": len(document),
                                          **({"chat": True} if messages is not None else {})})
@@ -145,7 +145,7 @@ class JobService:
                 row["batch_id"] = batch.id
             ids = JobRepository(session).add_many(rows)
         self.publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
-                      what={"batch_id": batch.id, "schema_id": schema_id})
+                     what={"batch_id": batch.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(batch.id), "schema_id": str(schema_id),
                                            "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),
                                            "rejected": len(rejected)})

@@ -391,7 +391,7 @@ class OpenAIBatchService:
             record_id = record.id
         if rows:
             self.jobs.publish(ids, undo=lambda s: _delete(s, record_id, batch_id),
-                               what={"openai_batch_id": record_id, "batch_id": batch_id})
+                              what={"openai_batch_id": record_id, "batch_id": batch_id})
         return self.get(record_id)
 
     def _check_create(self, body: Any) -> tuple[str, str, str, dict[str, str] | None]:

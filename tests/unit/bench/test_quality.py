@@ -49,3 +49,11 @@ def test_model_table_reports_validity_and_accuracy_per_set():
          "gold_matched": 3, "gold_fields": 4, "output_tokens": 17}
     text = model_table([{"model": "m", "sets": {"e-mails": g}}])
     assert text.splitlines()[-1] == "| m | e-mails (1) | 1/1 | 75.0% | 17 |"
+
+
+def test_results_accuracy_counts_no_leaf_of_a_failed_result_and_skips_rows_without_gold():
+    from structspec.bench.strategies import results_accuracy
+
+    rows = [{"gold": {"a": "x", "b": 1}}, {"gold": {"a": "y"}}, {"text": "no gold"}]
+    results = [result({"a": "x", "b": 2}, {}), result(None, None, status="truncated"), result({"a": "z"}, {})]
+    assert results_accuracy(results, rows) == (1, 3)
