@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from collections import deque
 from pathlib import Path
 
 from structspec.config import Settings, SettingsError
@@ -142,8 +143,6 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
     each document is submitted when a place frees up, so with `auto` its (strategy, k) is drawn
     from statistics that include the documents finished before it. Results are printed in input
     order as they become available."""
-    from collections import deque
-
     from structspec.engine.engine import Request
 
     pending = deque(enumerate(documents))
@@ -199,11 +198,17 @@ def open_local_stats(settings: Settings, schema: dict, path: str):
     """The local database's statistics for `schema`; a CliError naming the database if it fails."""
     from sqlalchemy.engine import make_url
 
+    from structspec.client import schema_name
     from structspec.db.session import normalize_database_url
-    from structspec.local_stats import LocalStats, cli_schema_name
+    from structspec.services.local import LocalStats
+    from structspec.services.schemas import RegistryError
 
-    try:
-        local = LocalStats(settings, schema, cli_schema_name(path))
+    try:  # registered as `cli.` + the name the client commands give the same file
+        local = LocalStats(settings, schema, ("cli." + schema_name(path))[:200])
+    except RegistryError as e:  # over a configured limit (max_schema_bytes, max_schema_depth, ...)
+        problems = "; ".join(f"{p.path or '/'}: {p.message}" for p in e.problems)
+        raise CliError(f"schema {path} cannot be registered for --strategy auto: {e.detail}"
+                       + (f" ({problems})" if problems else "")) from None
     except Exception as e:  # an unreachable or unwritable database: say which, suggest the way out
         shown = make_url(normalize_database_url(settings.database_url)).render_as_string(hide_password=True)
         raise CliError(f"--strategy auto keeps statistics in {shown}, which failed: "

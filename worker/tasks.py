@@ -20,6 +20,7 @@ and the conditional UPDATEs let any number of reapers run at once.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import traceback
@@ -42,7 +43,7 @@ from structspec.db.session import make_engine, make_session_factory
 from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions
-from structspec.stats.resolve import InFlight, acceptance_curve, concrete_options
+from structspec.services.strategy import InFlight, acceptance_curve, concrete_options
 from worker.app import RUN_JOBS, app, enqueue, queue_depth
 from worker.progress import PROGRESS, Pieces
 
@@ -123,8 +124,6 @@ def prepare_model(settings: Settings, processes: int = 0) -> None:
     if not processes:
         PROCESS.loop(settings)
         return
-    import os
-
     import torch
 
     PROCESS.forking = True

@@ -3,7 +3,8 @@
     {"status_code": 422, "detail": "schema is not usable",
      "errors": [{"path": "/type", "keyword": "anyOf", "message": "...", "source": "schema"}]}
 
-Services raise ApiError subclasses; `handle_exception` turns those, Litestar's own
+Services raise ApiError subclasses, and the schema registry below them RegistryErrors (404,
+413 or 422: `from_registry`); `handle_exception` turns those, Litestar's own
 exceptions (routing 404/405, body 400/413, parameter validation) and anything unexpected
 (500, logged here, never echoed) into that shape.
 """
@@ -20,6 +21,8 @@ import sqlalchemy.exc as sa_exc
 from litestar import MediaType, Request, Response
 from litestar.exceptions import (HTTPException, NotFoundException, SerializationException,
                                  ValidationException)
+
+from structspec.services.schemas import RegistryError, SchemaNotFound, SchemaTooLarge
 
 log = logging.getLogger("structspec.api")
 
@@ -69,12 +72,21 @@ class UnprocessableError(ApiError):
         super().__init__(422, detail, errors)
 
 
+def from_registry(exc: RegistryError) -> ApiError:
+    """The API error of a schema the registry refused: 404 unknown, 413 too large, 422 otherwise."""
+    status = 404 if isinstance(exc, SchemaNotFound) else 413 if isinstance(exc, SchemaTooLarge) else 422
+    return ApiError(status, exc.detail, [ErrorItem(path=p.path, keyword=p.keyword, message=p.message, source=p.source)
+                                         for p in exc.problems])
+
+
 def error_response(body: ErrorBody, headers: dict[str, str] | None = None) -> Response[ErrorBody]:
     return Response(content=body, status_code=body.status_code, headers=headers, media_type=MediaType.JSON)
 
 
 def handle_exception(request: Request, exc: Exception) -> Response[ErrorBody]:
     """App-wide handler for every exception (registered for `Exception`)."""
+    if isinstance(exc, RegistryError):
+        exc = from_registry(exc)
     if isinstance(exc, ApiError):
         return error_response(ErrorBody(status_code=exc.status_code, detail=exc.detail, errors=exc.errors),
                               exc.headers)

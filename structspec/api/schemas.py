@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
+
 from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.datastructures import State
@@ -12,9 +14,10 @@ from litestar.params import FromPath, JSONBody, PathParameter, QueryParameter
 
 from structspec.api.auth import V1_SECURITY
 from structspec.api.errors import ErrorBody
-from structspec.api.services.schemas import SchemaService
 from structspec.api.services.stats import StatsService
-from structspec.api.structs import SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered, SchemaStats, StrategyPin
+from structspec.api.structs import (SchemaCreate, SchemaDetail, SchemaPage, SchemaRegistered, SchemaStats,
+                                    SchemaSummary, StrategyPin)
+from structspec.services.schemas import SchemaRegistry, StoredSchema
 
 
 # Bounds of the database columns an integer parameter is compared with (PostgreSQL integer and
@@ -25,16 +28,22 @@ MAX_OFFSET = 2**53 - 1
 
 # Any string: a malformed id is an unknown id (404 naming it), not "no route".
 SchemaId = Annotated[str, PathParameter(description="schema version id (UUID)")]
-Schemas = NamedDependency[SchemaService]
+Schemas = NamedDependency[SchemaRegistry]
 Stats = NamedDependency[StatsService]
 
 
-def provide_schema_service(state: State, request: Request) -> SchemaService:
-    return SchemaService(state.session_factory, state.settings, tenant=request.user)  # user: the tenant (api/auth.py)
+def provide_schema_registry(state: State, request: Request) -> SchemaRegistry:
+    # registry errors become 404/413/422 in structspec/api/errors.py
+    return SchemaRegistry(state.session_factory, state.settings, tenant=request.user)  # user: the tenant (api/auth.py)
 
 
 def provide_stats_service(state: State, request: Request) -> StatsService:
     return StatsService(state.session_factory, state.settings, tenant=request.user)
+
+
+def as_struct(stored: StoredSchema, struct: type):
+    """A registry result as the response struct `struct` (the fields it names)."""
+    return msgspec.convert(stored, struct, from_attributes=True)
 
 
 def _errors(*codes: int) -> dict[int, ResponseSpec]:
@@ -52,7 +61,7 @@ class SchemaController(Controller):
     path = "/v1/schemas"
     tags = ["schemas"]
     security = V1_SECURITY
-    dependencies = {"schemas": Provide(provide_schema_service, sync_to_thread=False),
+    dependencies = {"schemas": Provide(provide_schema_registry, sync_to_thread=False),
                     "stats": Provide(provide_stats_service, sync_to_thread=False)}
 
     @post("/", sync_to_thread=True, summary="Register a JSON Schema",
@@ -62,8 +71,8 @@ class SchemaController(Controller):
                                        generate_examples=False),
                      **_errors(400, 413, 422)})
     def register(self, data: JSONBody[SchemaCreate], schemas: Schemas) -> Response[SchemaRegistered]:
-        record, created = schemas.register(data)
-        return Response(record, status_code=201 if created else 200)
+        stored, created = schemas.register(data.name, data.schema, data.description)
+        return Response(as_struct(stored, SchemaRegistered), status_code=201 if created else 200)
 
     @get("/", sync_to_thread=True, summary="List live schemas (all versions), by name then newest version",
          responses=_errors(422))
@@ -71,18 +80,19 @@ class SchemaController(Controller):
                      limit: Annotated[int, QueryParameter(ge=1, le=500)] = 50,
                      offset: Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET)] = 0,
                      name: Annotated[str | None, QueryParameter(description="only this name")] = None) -> SchemaPage:
-        return schemas.list(limit=limit, offset=offset, name=name)
+        page, total = schemas.list(limit=limit, offset=offset, name=name)
+        return SchemaPage(items=[as_struct(s, SchemaSummary) for s in page], total=total, limit=limit, offset=offset)
 
     @get("/{schema_id:str}", sync_to_thread=True, summary="One schema version, with its body",
          responses=_errors(404))
     def get_schema(self, schema_id: SchemaId, schemas: Schemas) -> SchemaDetail:
-        return schemas.get(schema_id)
+        return as_struct(schemas.get(schema_id), SchemaDetail)
 
     @get("/by-name/{name:str}", sync_to_thread=True, summary="Latest live version of a name, or ?version=N",
          responses=_errors(404, 422))
     def get_by_name(self, name: FromPath[str], schemas: Schemas,
                     version: Annotated[int | None, QueryParameter(ge=1, le=MAX_INT)] = None) -> SchemaDetail:
-        return schemas.get_by_name(name, version)
+        return as_struct(schemas.get_by_name(name, version), SchemaDetail)
 
     @delete("/{schema_id:str}", sync_to_thread=True, status_code=204, summary="Soft-delete one version",
             responses=_errors(404))

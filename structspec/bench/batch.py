@@ -39,6 +39,7 @@ import platform
 import pstats
 import random
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -55,8 +56,8 @@ from structspec.config import Settings
 from structspec.engine.engine import Engine, Request, refused
 from structspec.engine.prompt import build_prompt
 from structspec.options import RequestOptions
+from structspec.services.strategy import selector_config
 from structspec.stats.aggregate import InMemoryStats
-from structspec.stats.resolve import selector_config
 from structspec.stats.selector import Selector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,7 +113,7 @@ class AutoPicker:
         views = self.stats.views()
         c = self.selector.choose(views, rng)
         opts = RequestOptions(strategy=c.strategy, draft_len=c.draft_len, max_tokens=max_tokens)
-        # a Thompson draw of the curve, as the worker passes it (structspec/stats/resolve.py)
+        # a Thompson draw of the curve, as the worker passes it (structspec/services/strategy.py)
         acc = self.selector.acceptance(views, c.strategy, c.draft_len, rng) if c.strategy != "none" else None
         return Plan(opts, acc)
 
@@ -510,8 +511,6 @@ def pass_shapes(engine: Engine, contexts: tuple[int, ...], repeats: int = 3) -> 
     row each of many sequences, every sequence `context` tokens deep (random tokens; the
     runner's own slots and segments, outside any request). The pass-cost curve (cost.py) is
     keyed by rows alone; this shows what the number of sequences adds."""
-    import statistics
-
     from structspec.engine.kv_cache import Segment, Slot
     from structspec.engine.runner import StepInputs
 

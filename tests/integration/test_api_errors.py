@@ -67,12 +67,12 @@ def test_unknown_route_is_404_and_wrong_method_is_405(client):
 
 
 def test_unhandled_exception_is_500_with_a_generic_message_and_is_logged(client, monkeypatch, caplog):
-    from structspec.api.services.schemas import SchemaService
+    from structspec.services.schemas import SchemaRegistry
 
     def boom(self, **kwargs):
         raise RuntimeError("secret internals")
 
-    monkeypatch.setattr(SchemaService, "list", boom)
+    monkeypatch.setattr(SchemaRegistry, "list", boom)
     r = client.get("/v1/schemas")
     body = assert_error(r, 500)
     assert body == {"status_code": 500, "detail": "internal server error", "errors": []}

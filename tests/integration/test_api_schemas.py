@@ -162,17 +162,16 @@ def test_schema_larger_than_max_schema_bytes_is_413_naming_the_limit(client, set
 
 
 def test_concurrent_registrations_under_one_name_get_distinct_versions(settings):
-    from structspec.api.services.schemas import SchemaService
-    from structspec.api.structs import SchemaCreate
+    from structspec.services.schemas import SchemaRegistry
     from structspec.db.session import make_engine, make_session_factory
 
     engine = make_engine(settings.database_url)
-    service = SchemaService(make_session_factory(engine), settings)
+    registry = SchemaRegistry(make_session_factory(engine), settings)
     results, errors = [], []
 
     def worker(i: int) -> None:
         try:
-            results.append(service.register(SchemaCreate(name="race", schema={"type": "object", "title": str(i % 6)})))
+            results.append(registry.register("race", {"type": "object", "title": str(i % 6)}))
         except Exception as e:  # collected, so a failure names its cause
             errors.append(e)
 

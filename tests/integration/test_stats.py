@@ -15,7 +15,7 @@ from structspec.db.session import make_engine, make_session_factory
 from structspec.db.stats import StatsRepository
 from structspec.options import RequestOptions
 from structspec.stats.aggregate import InMemoryStats
-from structspec.stats.resolve import acceptance_curve, concrete_options
+from structspec.services.strategy import acceptance_curve, concrete_options
 from structspec.stats.selector import Selector
 
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}

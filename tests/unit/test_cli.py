@@ -142,6 +142,19 @@ def test_auto_strategy_with_an_unusable_database_is_a_clear_error(capsys, monkey
     assert "pick a fixed --strategy" in err
 
 
+def test_auto_strategy_with_a_schema_over_a_registry_limit_names_the_limit(capsys, monkeypatch, tmp_path):
+    """The registry below the API refuses it for the CLI too, before the model loads."""
+    monkeypatch.setenv("STRUCTSPEC_DATABASE_URL", f"sqlite:///{tmp_path / 'local.db'}")
+    monkeypatch.setenv("STRUCTSPEC_MAX_SCHEMA_BYTES", "64")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "description": "x" * 100}))
+    doc = tmp_path / "d.txt"
+    doc.write_text("x")
+    code, err = run_cli(capsys, "extract", "--schema", str(schema), str(doc))
+    assert code == 2 and f"schema {schema} cannot be registered for --strategy auto" in err
+    assert "max_schema_bytes" in err and "/schema:" in err
+
+
 @pytest.mark.model
 def test_extract_prints_schema_valid_json_per_document(capsys, monkeypatch, tmp_path):
     from pathlib import Path

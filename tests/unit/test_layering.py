@@ -1,6 +1,9 @@
-"""The layers import downwards only: the engine, the grammar library, the statistics and the
-database never import the HTTP API, the CLI or what sits beside it (client, demo, benchmarks,
-the worker), not even inside a function; and the grammar library does not import the engine."""
+"""The layers import downwards only, not even inside a function:
+- the engine, the grammar library, the statistics and the database never import the shared
+  services (structspec/services), the HTTP API, the CLI or what sits beside it (client, demo,
+  benchmarks, the worker);
+- the services import none of the application layer above them;
+- the grammar library does not import the engine, and the statistics are pure: no database."""
 
 from __future__ import annotations
 
@@ -9,12 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = ("structspec.api", "structspec.cli", "structspec.client", "structspec.demo", "structspec.bench",
-               "structspec.local_stats", "worker")
+               "worker")
+BELOW_SERVICES = APPLICATION + ("structspec.services",)
 FORBIDDEN = {
-    "structspec/engine": APPLICATION,
-    "structspec/grammar": APPLICATION + ("structspec.engine",),
-    "structspec/stats": APPLICATION,
-    "structspec/db": APPLICATION,
+    "structspec/services": APPLICATION,
+    "structspec/engine": BELOW_SERVICES,
+    "structspec/grammar": BELOW_SERVICES + ("structspec.engine",),
+    "structspec/stats": BELOW_SERVICES + ("structspec.db", "sqlalchemy"),
+    "structspec/db": BELOW_SERVICES,
 }
 
 

@@ -1,2 +1,4 @@
-"""Business logic behind the controllers: plain classes, no Litestar request objects, so they
-can be called from tests, the CLI or a worker. They raise structspec.api.errors.ApiError."""
+"""The HTTP layer's logic behind the controllers: plain classes, no Litestar request objects,
+so tests can call them. They raise structspec.api.errors.ApiError. What the CLI and the worker
+share with them (the schema registry, `auto` resolution) is one layer down, in
+structspec/services."""

@@ -16,18 +16,19 @@ from typing import Any, Iterator
 import msgspec
 from sqlalchemy.orm import Session, sessionmaker
 
-from structspec.api.errors import ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError
+from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
+                                   from_registry)
 from structspec.api.services.doclen import DocumentLengthChecker
-from structspec.api.services.schemas import SchemaService
 from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchRead, ExtractionCreate,
-                                    JobAccepted, JobOptions, JobRead, JobStats, JobTimings, Rejected,
-                                    SchemaCreate)
+                                    JobAccepted, JobOptions, JobRead, JobStats, JobTimings, Rejected)
 from structspec.config import Settings
+from structspec.db.columns import utcnow
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
 from structspec.db.repositories import SchemaRepository
 from structspec.logs import preview
 from structspec.options import OptionError, RequestOptions
+from structspec.services.schemas import RegistryError, SchemaRegistry
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +176,6 @@ class JobService:
             return to_batch_read(batch, counts, latest)
 
     def cancel_batch(self, batch_id: str) -> BatchRead:
-        from structspec.db.columns import utcnow
-
         with self.session_factory.begin() as session:
             batch = self._batch(session, batch_id)
             cancelled = JobRepository(session).cancel_unfinished_in_batch(batch.id)
@@ -263,21 +262,17 @@ class JobService:
             raise UnprocessableError("give exactly one of schema_id and schema", [
                 ErrorItem(path="/schema_id", message="exactly one of schema_id and schema is required",
                           source="body")])
-        if inline is not None:
-            from structspec.grammar import schema_hash
-
-            name = "inline-" + schema_hash(inline)[:16]
-            record, _ = SchemaService(self.session_factory, self.settings, self.tenant).register(
-                SchemaCreate(name=name, schema=inline, description=f"registered inline by {registered_by}"))
-            return record.id
+        registry = SchemaRegistry(self.session_factory, self.settings, self.tenant)
         try:
-            sid = uuid.UUID(schema_id)
-        except ValueError:
-            raise NotFoundError(f"no schema with id {schema_id!r} (ids are UUIDs)") from None
-        with self.session_factory() as session:
-            if SchemaRepository(session, self.tenant).get(sid) is None:
-                raise NotFoundError(f"no schema with id {schema_id}")
-        return sid
+            if inline is not None:
+                from structspec.grammar import schema_hash
+
+                stored, _ = registry.register("inline-" + schema_hash(inline)[:16], inline,
+                                              f"registered inline by {registered_by}")
+                return stored.id
+            return registry.get(schema_id).id
+        except RegistryError as e:  # an ApiError here: the OpenAI batch check collects them per line
+            raise from_registry(e) from None
 
     def _token_problems(self, schema_id: uuid.UUID, documents: list[str]) -> list[str | None]:
         """Per document, why its prompt cannot fit the model's context (None: it fits, or the

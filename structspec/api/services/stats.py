@@ -5,7 +5,6 @@ from __future__ import annotations
 from sqlalchemy.orm import Session, sessionmaker
 
 from structspec.api.errors import ErrorItem, NotFoundError, UnprocessableError
-from structspec.api.services.schemas import parse_id
 from structspec.api.structs import ArmStats, SchemaStats, StrategyChoice, StrategyPin
 from structspec.config import Settings
 from structspec.db.models import DEFAULT_TENANT
@@ -13,7 +12,8 @@ from structspec.db.repositories import SchemaRepository
 from structspec.db.stats import StatsRepository
 from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.stats import metrics
-from structspec.stats.resolve import choose_for_job
+from structspec.services.schemas import parse_id
+from structspec.services.strategy import choose_for_job
 
 
 class StatsService:

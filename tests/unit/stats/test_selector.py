@@ -413,7 +413,7 @@ def test_a_batch_of_a_new_schema_probes_every_proposer_while_none_is_recorded():
     """Jobs chosen together (one engine batch) count as uses of their strategy while pending."""
     import uuid
 
-    from structspec.stats.resolve import InFlight
+    from structspec.services.strategy import InFlight
 
     sel, rng, sid = Selector(), random.Random(0), uuid.uuid4()
     pending = InFlight()

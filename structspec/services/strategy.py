@@ -1,4 +1,7 @@
-"""Turn a job's `strategy: auto` into a concrete (strategy, draft_len) before the engine runs."""
+"""Turn a job's `strategy: auto` into a concrete (strategy, draft_len) before the engine runs.
+
+The statistics are read through db/stats.py and judged by the pure selector in stats/; the
+worker, the CLI (services/local.py) and GET /v1/schemas/{id}/stats all choose through here."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Mapping
 from sqlalchemy.orm import Session
 
 from structspec.config import Settings
+from structspec.db.stats import StatsRepository
 from structspec.options import AUTO, RequestOptions
 from structspec.stats.aggregate import mode_views
 from structspec.stats.selector import Choice, Selector, SelectorConfig
@@ -28,8 +32,6 @@ def choose_for_job(session: Session, settings: Settings, schema_id: uuid.UUID, *
     """(choice, why) for a job of `schema_id`: the schema's pin if set ("pinned"), else a
     Thompson draw seeded by (stats_seed, job_id) ("selected"); job_id None gives the
     posterior-mean choice ("estimate"). Verbatim jobs learn only from verbatim jobs."""
-    from structspec.db.stats import StatsRepository
-
     repo = StatsRepository(session)
     pin = repo.pin(schema_id)
     if pin is not None:
@@ -48,7 +50,7 @@ def concrete_options(session: Session, settings: Settings, schema_id: uuid.UUID,
     if options.strategy != AUTO:
         return options
     choice, _ = choose_for_job(session, settings, schema_id, job_id=job_id, draft_len=options.draft_len,
-                       verbatim=verbatim, pending=pending)
+                               verbatim=verbatim, pending=pending)
     return options.replace(strategy=choice.strategy, draft_len=choice.draft_len)
 
 
@@ -59,8 +61,6 @@ def acceptance_curve(session: Session, settings: Settings, schema_id: uuid.UUID,
     strategy (the engine trims each step's draft by it): a Thompson draw seeded by
     (stats_seed, job_id, "acceptance"), or the posterior mean with job_id None. With no data:
     the prior at every position."""
-    from structspec.db.stats import StatsRepository
-
     views = mode_views(StatsRepository(session).views(schema_id, settings.stats_half_life), verbatim)
     rng = random.Random(f"{settings.stats_seed}:{job_id}:acceptance") if job_id is not None else None
     return Selector(selector_config(settings)).acceptance(views, strategy, n, rng)
