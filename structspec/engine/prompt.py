@@ -229,11 +229,10 @@ def build_chat_prompt(tokenizer, messages: list[dict[str, str]], context_len: in
 @lru_cache(maxsize=8)
 def _encoders(tokenizer) -> tuple:
     """(tokenizer, plain, special, render) for encode_prompt, of a transformers fast tokenizer."""
-    from structspec.engine.tokens import plain_text_tokenizer, special_token_ids
+    from structspec.engine.tokens import control_token_ids, plain_text_tokenizer
 
     backend = tokenizer.backend_tokenizer
-    special = {**special_token_ids(backend),
-               **{i: tokenizer.convert_ids_to_tokens(i) for i in tokenizer.all_special_ids}}
+    special = control_token_ids(backend, tokenizer.all_special_tokens)
 
     def render(messages):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)

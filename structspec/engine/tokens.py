@@ -4,6 +4,7 @@ encoding of user text (documents, schemas) that never yields a control token."""
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Iterable
 
 
 class TokenText:
@@ -15,8 +16,12 @@ class TokenText:
         lt = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
         self.hf = hf_tokenizer
         self.vocab_size = vocab_size
-        self._bytes = [b"" if lt.is_special_token(i) else lt.decode_bytes([i]) for i in range(vocab_size)]
-        self.special = frozenset(i for i in range(vocab_size) if lt.is_special_token(i))
+        grammar_special = {i for i in range(vocab_size) if lt.is_special_token(i)}  # no bytes for the grammar
+        self._bytes = [b"" if i in grammar_special else lt.decode_bytes([i]) for i in range(vocab_size)]
+        # Drafts are cut at these (step.propose): the control tokens, and any token the grammar
+        # engine treats as special (for the default model the two sets are equal; a test checks).
+        control = control_token_ids(hf_tokenizer.backend_tokenizer, hf_tokenizer.all_special_tokens)
+        self.special = frozenset(grammar_special | {i for i in control if i < vocab_size})
         self._plain = plain_text_tokenizer(hf_tokenizer.backend_tokenizer)
 
     def bytes_of(self, ids) -> bytes:
@@ -43,9 +48,17 @@ def plain_text_tokenizer(tokenizer):
     return plain
 
 
-def special_token_ids(tokenizer) -> dict[int, str]:
-    """{id: text} of the special (control) tokens of `tokenizer` (a `tokenizers.Tokenizer`)."""
-    return {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+def control_token_ids(tokenizer, named: Iterable[object] = ()) -> dict[int, str]:
+    """{id: text} of the control tokens of `tokenizer` (a `tokenizers.Tokenizer`): its added
+    tokens flagged special, and the tokens whose text is in `named` (transformers' bos, eos,
+    unk, pad and additional special tokens, which a tokenizer may not flag). The one definition:
+    a prompt refuses user text that would encode to one (prompt.py, and the API's count in
+    api/services/doclen.py), and drafts are cut at one (TokenText.special)."""
+    ids = {i: t.content for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+    for text in named:
+        if isinstance(text, str) and (i := tokenizer.token_to_id(text)) is not None:
+            ids[i] = text
+    return ids
 
 
 @lru_cache(maxsize=4)

@@ -68,7 +68,7 @@ class PromptCounter:
     def __init__(self, directory: Path):
         from tokenizers import Tokenizer
 
-        from structspec.engine.tokens import plain_text_tokenizer, special_token_ids
+        from structspec.engine.tokens import control_token_ids, plain_text_tokenizer
 
         self.tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
         self.plain = plain_text_tokenizer(self.tokenizer)
@@ -81,9 +81,7 @@ class PromptCounter:
         if isinstance(template, list):  # named templates: transformers uses "default"
             template = next((t.get("template") for t in template if t.get("name") == "default"), None)
         self.special_text = {k: _token_text(v) for k, v in tok_config.items() if k.endswith("_token")}
-        self.special = {**special_token_ids(self.tokenizer),
-                        **{i: t for t in self.special_text.values()
-                           if isinstance(t, str) and (i := self.tokenizer.token_to_id(t)) is not None}}
+        self.special = control_token_ids(self.tokenizer, self.special_text.values())
         self.template = _compile(template) if template else None
 
     def _render(self, messages: list[dict[str, str]]) -> str:

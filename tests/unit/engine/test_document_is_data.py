@@ -190,3 +190,24 @@ def test_proposers_encode_control_token_text_as_the_characters_it_is_made_of(tin
     ids = tiny_engine.token_text.encode(text)
     assert not set(ids) & (set(tokenizer.all_special_ids) | tiny_engine.token_text.special)
     assert tiny_engine.token_text.bytes_of(ids) == text.encode()
+
+
+@pytest.mark.parametrize("which", ["default", "llama3"])
+def test_one_definition_of_control_token_serves_prompt_api_and_drafts(which, tokenizer, llama3_tokenizer, tmp_path):
+    """control_token_ids is what the prompt refuses, what the API's count refuses, and (with
+    the grammar engine's special tokens, equal to it here) what drafts are cut at."""
+    import llguidance.hf
+
+    from structspec.engine.prompt import _encoders
+    from structspec.engine.tokens import TokenText, control_token_ids
+
+    tok = tokenizer if which == "default" else llama3_tokenizer
+    control = control_token_ids(tok.backend_tokenizer, tok.all_special_tokens)
+    assert set(control) == set(tok.all_special_ids) | {i for i, t in tok.added_tokens_decoder.items() if t.special}
+    assert _encoders(tok)[2] == control
+    tok.save_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    assert PromptCounter(tmp_path).special == control
+    lt = llguidance.hf.from_tokenizer(tok, n_vocab=len(tok))
+    assert {i for i in range(len(tok)) if lt.is_special_token(i)} == set(control)
+    assert TokenText(tok, len(tok)).special == frozenset(control)
