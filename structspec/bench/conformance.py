@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from structspec.bench import percentile
 from structspec.grammar import SchemaError, check_schema, make_backend
 from structspec.grammar.normalize import close_objects
 from structspec.grammar.validation import check_meta_schema
@@ -173,11 +174,9 @@ def bench_rows(path: Path, limit: int) -> Iterator[dict]:
             yield json.loads(line)
 
 
-def pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
+def p50_p99(xs: list[float], spec: str) -> str:
+    """"p50 / p99" of `xs` formatted with `spec` ("- / -" for none)."""
+    return " / ".join("-" if x is None else format(x, spec) for x in (percentile(xs, 50), percentile(xs, 99)))
 
 
 def run(args) -> dict:
@@ -245,9 +244,8 @@ def _bench_row(name: str, t: Tally) -> str:
     compiled = t.schemas - t.refused
     return (f"| {name} | {t.schemas} | {compiled} ({compiled / t.schemas:.1%}) | "
             f"{t.schemas_all_correct} ({t.schemas_all_correct / t.schemas:.1%}) | "
-            f"{pct(t.check_ms, 0.5):.1f} / {pct(t.check_ms, 0.99):.1f} | "
-            f"{pct(t.compile_ms, 0.5):.1f} / {pct(t.compile_ms, 0.99):.1f} | "
-            f"{pct(t.mask_us, 0.5):.0f} / {pct(t.mask_us, 0.99):.0f} | {t.tests} | {t.correct} | "
+            f"{p50_p99(t.check_ms, '.1f')} | {p50_p99(t.compile_ms, '.1f')} | "
+            f"{p50_p99(t.mask_us, '.0f')} | {t.tests} | {t.correct} | "
             f"{t.false_accept_warned} / {t.false_accept_silent} | {t.false_reject_closed} / {t.false_reject_other} |")
 
 

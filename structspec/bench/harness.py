@@ -32,6 +32,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from structspec.bench import percentile
 from structspec.bench.strategies import field_accuracy, load_dataset, write_report
 from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong, build_prompt
@@ -210,14 +211,6 @@ def make_systems(names: list[str], engine: Engine, max_tokens: int, seed: int) -
     return systems
 
 
-def percentile(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    if not xs:
-        return 0.0
-    i = min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))
-    return xs[i]
-
-
 def summarize(records: list[dict], system: str, systems: list[str]) -> dict:
     mine = {r["id"]: r for r in records if r["system"] == system}
     n = len(mine)
@@ -248,7 +241,7 @@ def summarize(records: list[dict], system: str, systems: list[str]) -> dict:
         "decode_tok_s": sum(s["output_tokens"] for s in st) / decode_s if decode_s else None,
         "e2e_tok_s": tokens / sum(e2e) if sum(e2e) else 0.0,
         "e2e_s_median": statistics.median(e2e) if e2e else 0.0,
-        "e2e_s_p90": percentile(e2e, 0.9),
+        "e2e_s_p90": percentile(e2e, 90),
         "e2e_s_total": sum(e2e),
         "vs_structspec_none": ratio("structspec:none"),
         "vs_outlines": ratio("outlines"),
@@ -272,7 +265,7 @@ def markdown_table(summaries: list[dict]) -> str:
             f"{_fmt(s['field_accuracy'], '.1%')} | {s['hit_max_tokens']} | {s['output_tokens']} | "
             f"{_fmt(s['target_passes'], 'd', 'n/a')} | {_fmt(s['tokens_per_pass'], '.2f')} | "
             f"{_fmt(s['decode_tok_s'], '.1f')} | {s['e2e_tok_s']:.1f} | {s['e2e_s_median']:.1f} | "
-            f"{s['e2e_s_p90']:.1f} | {_fmt(s['vs_structspec_none'], '.2f')}x | {_fmt(s['vs_outlines'], '.2f')}x | "
+            f"{_fmt(s['e2e_s_p90'], '.1f')} | {_fmt(s['vs_structspec_none'], '.2f')}x | {_fmt(s['vs_outlines'], '.2f')}x | "
             f"{s['peak_mem_mib']:.0f} |")
     return "\n".join(lines)
 

@@ -13,7 +13,6 @@ stdout and the whole record as JSON in --out.
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import shutil
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
+from structspec.bench import percentile
 from structspec.demo import ROOT, Children, free_port, healthy, raise_interrupt, wait_for
 
 SCHEMA = {
@@ -54,19 +54,6 @@ def documents(n: int, seed: int = 0) -> list[str]:
         out.append(f"Order {1000 + i}: {rng.choice(NAMES)} bought {qty} x {rng.choice(ITEMS)} "
                    f"at ${price:.2f} each, total ${qty * price:.2f}.")
     return out
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The q-th percentile (0-100) with linear interpolation between closest ranks (numpy's
-    default); None for no values."""
-    if not values:
-        return None
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} is outside 0-100")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
 def summarize(submissions: list[dict], jobs: dict[str, dict], first_submit: float, last_submit: float,

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from structspec.bench.load import documents, markdown, percentile, summarize
+from structspec.bench import percentile
+from structspec.bench.load import documents, markdown, summarize
 
 
 def test_percentile_interpolates_between_closest_ranks_like_numpy():
