@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from structspec.config import Settings
 from structspec.engine.model_files import DEFAULT_MODEL, ModelLoadError, converted_dir, default_gguf_path
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,6 @@ def model_dir(spec: str, cache_dir: Path) -> tuple[str, str | None]:
 def load_tokenizer(spec: str = DEFAULT_MODEL, cache_dir: Path | None = None):
     from transformers import AutoTokenizer
 
-    from structspec.config import Settings
     cache_dir = cache_dir or Settings.from_env().cache_dir
     path, _ = model_dir(spec, cache_dir)
     return AutoTokenizer.from_pretrained(path)
@@ -124,7 +124,6 @@ def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = 
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from structspec.config import Settings
     hf_logging.disable_progress_bar()  # per-tensor bars are noise in CLI and worker logs
     cache_dir = cache_dir or Settings.from_env().cache_dir
     dev = resolve_device(device)
