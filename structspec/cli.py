@@ -280,10 +280,9 @@ def cmd_migrate(args) -> int:
 
 def cmd_keys(args) -> int:
     """API keys in STRUCTSPEC_DATABASE_URL (migrated to head first, as `serve` does)."""
-    from structspec.api import auth
     from structspec.db import migrate
-    from structspec.db.repositories import ApiKeyRepository
     from structspec.db.session import make_engine, make_session_factory
+    from structspec.services import keys
 
     settings = Settings.from_env()
     settings.ensure_data_dir()
@@ -293,18 +292,17 @@ def cmd_keys(args) -> int:
     try:
         if args.action == "create":
             try:
-                record, key = auth.create_key(factory, args.name, args.tenant or args.name)
+                record, key = keys.create_key(factory, args.name, args.tenant or args.name)
             except ValueError as e:
                 raise CliError(str(e)) from None
             print(f"created key {record.id} ({record.name!r}, tenant {record.tenant!r}); it is shown only "
                   f"once and only its hash is stored. /v1 now needs `Authorization: Bearer <key>`. Key: {key}")
         elif args.action == "list":
-            with factory() as session:
-                for k in ApiKeyRepository(session).list():
-                    state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "active"
-                    print(f"{k.id}  {k.prefix}...  tenant={k.tenant}  name={k.name!r}  {state}")
+            for k in keys.list_keys(factory):
+                state = f"revoked {k.revoked_at:%Y-%m-%d %H:%M}" if k.revoked_at else "active"
+                print(f"{k.id}  {k.prefix}...  tenant={k.tenant}  name={k.name!r}  {state}")
         else:
-            record = auth.revoke_key(factory, args.key_id)
+            record = keys.revoke_key(factory, args.key_id)
             if record is None:
                 raise CliError(f"no API key with id {args.key_id!r} (see `structspec keys list`)")
             print(f"revoked key {record.id} ({record.name!r}, tenant {record.tenant!r})")
@@ -622,7 +620,7 @@ def add_serve_command(sub, defaults: Settings) -> None:
 
 def add_keys_command(sub, defaults: Settings) -> None:
     keys = sub.add_parser("keys", help="create, list and revoke API keys",
-                          description="API keys for the /v1 routes (structspec/api/auth.py). Once one "
+                          description="API keys for the /v1 routes (structspec/services/keys.py). Once one "
                                       "active key exists every /v1 request needs `Authorization: Bearer "
                                       "<key>` and sees only its tenant's schemas, jobs and batches.")
     keys_sub = keys.add_subparsers(dest="action", required=True)

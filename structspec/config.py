@@ -31,6 +31,8 @@ class Settings:
     kernel_backend: str = "auto"  # auto | triton | torch
     data_dir: Path = field(default_factory=_default_data_dir)
     cache_dir: Path = field(default_factory=_default_cache_dir)
+    # Not the jobs' default (that is job_strategy below): the fixed strategy a worker falls back
+    # to when `auto` selection fails, and Engine.default_options'. Both names are public env vars.
     strategy: str = "composite"
     draft_len: int = 8
     max_tokens: int = 1024
@@ -76,7 +78,7 @@ class Settings:
     grammar_max_items_in_row: int = 2_000  # branching of one grammar row
     grammar_max_lexer_states: int = 250_000  # lexer states (~1-2 kB each)
     grammar_compile_timeout_s: int = 10  # wall clock for checking one schema at registration; 0 = none
-    # API keys (structspec/api/auth.py): auth is on once a key exists, or always with this set.
+    # API keys (structspec/services/keys.py, api/auth.py): auth is on once a key exists, or always with this set.
     require_auth: bool = False
     # Jobs (API + worker). A claimed job holds a lease the worker renews while it runs; a job
     # still `running` after its lease ran out (worker killed) is re-queued by the reaper. Also

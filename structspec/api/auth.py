@@ -1,22 +1,17 @@
-"""API keys and tenants.
+"""API keys on requests, and tenants.
 
-A key is `ss_` + 43 random URL-safe characters, shown once by `structspec keys create`; only
-its SHA-256 is stored. Every /v1 request acts for one tenant: the tenant of its key, or
-DEFAULT_TENANT while auth is off. Auth is on as soon as one unrevoked key exists (or with
-STRUCTSPEC_REQUIRE_AUTH=1); then a /v1 request without a valid `Authorization: Bearer <key>`
-gets 401. A request that sends a key is always checked, auth on or off. /health, /metrics
-and the OpenAPI document stay open (they carry no tenant data).
+Every /v1 request acts for one tenant: the tenant of its key, or DEFAULT_TENANT while auth is
+off. Auth is on as soon as one unrevoked key exists (or with STRUCTSPEC_REQUIRE_AUTH=1); then a
+/v1 request without a valid `Authorization: Bearer <key>` gets 401. A request that sends a key
+is always checked, auth on or off. /health, /metrics and the OpenAPI document stay open (they
+carry no tenant data). Keys themselves (their format, storage, `structspec keys`) are in
+structspec/services/keys.py.
 
 Schemas, jobs, batches and statistics belong to a tenant; the services look everything up
 within the caller's tenant, so another tenant's id reads exactly like an unknown one (404).
 """
 
 from __future__ import annotations
-
-import hashlib
-import re
-import secrets
-import uuid
 
 import anyio
 from litestar.connection import ASGIConnection
@@ -26,42 +21,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from structspec.api.errors import ApiError, ErrorItem
 from structspec.config import Settings
-from structspec.db.models import DEFAULT_TENANT, ApiKeyRecord
-from structspec.db.repositories import ApiKeyRepository
+from structspec.db.models import DEFAULT_TENANT
+from structspec.services.keys import auth_required, tenant_of
 
-KEY_PREFIX = "ss_"
-TENANT_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _CHALLENGE = {"www-authenticate": 'Bearer realm="structspec"'}
-
-
-def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def create_key(session_factory: sessionmaker[Session], name: str, tenant: str) -> tuple[ApiKeyRecord, str]:
-    """A new key for `tenant`: (its record, the key itself, which is not stored)."""
-    if not TENANT_NAME.fullmatch(tenant):
-        raise ValueError(f"invalid tenant {tenant!r}: 1-64 characters from A-Z a-z 0-9 . _ -")
-    if not name.strip() or len(name) > 200:
-        raise ValueError("a key's name must be 1-200 characters")
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    with session_factory.begin() as session:
-        record = ApiKeyRepository(session).add(name=name, tenant=tenant, key_hash=hash_key(key),
-                                               prefix=key[:len(KEY_PREFIX) + 6])
-        session.expunge(record)
-    return record, key
-
-
-def revoke_key(session_factory: sessionmaker[Session], key_id: str) -> ApiKeyRecord | None:
-    try:
-        kid = uuid.UUID(key_id)
-    except ValueError:
-        return None
-    with session_factory.begin() as session:
-        record = ApiKeyRepository(session).revoke(kid)
-        if record is not None:
-            session.expunge(record)
-        return record
 
 
 def tenant_for(session_factory: sessionmaker[Session], settings: Settings, authorization: str | None,
@@ -70,20 +33,17 @@ def tenant_for(session_factory: sessionmaker[Session], settings: Settings, autho
     `any_key_while_open`: while auth is off, a key is ignored rather than refused (OpenAI
     clients always send one)."""
     if authorization is None or any_key_while_open:
-        with session_factory() as session:
-            if settings.require_auth or ApiKeyRepository(session).any_active():
-                if authorization is None:
-                    raise unauthorized("this API needs a key: send `Authorization: Bearer <key>`", "missing")
-            else:
-                return DEFAULT_TENANT
+        if not auth_required(session_factory, settings):
+            return DEFAULT_TENANT
+        if authorization is None:
+            raise unauthorized("this API needs a key: send `Authorization: Bearer <key>`", "missing")
     scheme, _, key = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise unauthorized("malformed Authorization header: expected `Bearer <key>`", "malformed")
-    with session_factory() as session:
-        record = ApiKeyRepository(session).active_by_hash(hash_key(key.strip()))
-        if record is None:
-            raise unauthorized("unknown or revoked API key", "invalid")
-        return record.tenant
+    tenant = tenant_of(session_factory, key.strip())
+    if tenant is None:
+        raise unauthorized("unknown or revoked API key", "invalid")
+    return tenant
 
 
 def unauthorized(detail: str, what: str) -> ApiError:

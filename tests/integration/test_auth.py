@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 from conftest import ROOT
 from integration_helpers import assert_error
-from structspec.api.auth import create_key, revoke_key
+from structspec.services.keys import create_key, revoke_key
 from structspec.db.session import make_engine, make_session_factory
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
@@ -171,7 +171,7 @@ def test_keys_create_prints_the_key_as_its_last_word(tmp_path):
     created = run("create", "--name", "ci-bot", "--tenant", "acme")
     assert created.returncode == 0, created.stderr
     key = created.stdout.split()[-1]
-    from structspec.api.auth import hash_key
+    from structspec.services.keys import hash_key
 
     engine = make_engine(f"sqlite:///{tmp_path / 'structspec.db'}")
     try:

@@ -69,7 +69,7 @@ def test_tokens_refill_with_time(limited):
 
 
 def test_each_authorization_value_has_its_own_bucket(limited):
-    from structspec.api.auth import create_key
+    from structspec.services.keys import create_key
 
     client, _ = limited
     one, two = (create_key(client.app.state.session_factory, name, name)[1] for name in ("one", "two"))

@@ -330,7 +330,7 @@ def test_the_docs_examples_run_as_written(deployment, tmp_path):
 
 def test_with_keys_a_wrong_key_is_an_authentication_error_and_the_right_one_works(deployment):
     """Last: auth stays on for this database once a key exists."""
-    from structspec.api.auth import create_key
+    from structspec.services.keys import create_key
     from structspec.db.session import make_engine, make_session_factory
 
     base, settings, _ = deployment

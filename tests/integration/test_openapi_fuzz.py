@@ -39,7 +39,7 @@ MAX_WAIT_S = 0.2
 def fuzz_headers(fuzz_app) -> dict[str, str]:
     """Headers sent with every generated request: a key, so every call goes through auth (and
     acts in that key's tenant)."""
-    from structspec.api.auth import create_key
+    from structspec.services.keys import create_key
 
     _, key = create_key(fuzz_app.state.session_factory, "schemathesis", "fuzz")
     return {"authorization": f"Bearer {key}"}
