@@ -475,16 +475,18 @@ def add_extract_command(sub, defaults: Settings) -> None:
     p.set_defaults(func=cmd_extract)
 
 
-def add_bench_command(sub, defaults: Settings) -> None:
-    from structspec.bench.harness import DEFAULT_SYSTEMS
+BENCH_SYSTEMS = ("structspec:none,structspec:composite,structspec:auto,structspec:auto+verbatim,"
+                 "outlines,hf-prompt-lookup")
 
+
+def add_bench_command(sub, defaults: Settings) -> None:
     top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
                                        "sub-benchmark: strategies, auto, load, batch, kernels)",
                          description="Without a sub-command: run every --systems on the same documents, "
                                      "interleaved, and report validity, accuracy, speed and memory per system "
                                      "(Markdown on stdout; bench.json and PNG plots in --out).")
     top.add_argument("--dataset", help="JSONL with {id, schema, text, gold?} per line")
-    top.add_argument("--systems", default=DEFAULT_SYSTEMS,
+    top.add_argument("--systems", default=BENCH_SYSTEMS,
                      help="comma-separated: structspec:<none|schema|ngram|composite|auto>[+verbatim], outlines, "
                           "hf-prompt-lookup (default %(default)s)")
     top.add_argument("--limit", type=int, default=8, help="measured documents")

@@ -42,8 +42,6 @@ from structspec.options import STRATEGIES, RequestOptions
 from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import Selector, SelectorConfig
 
-DEFAULT_SYSTEMS = ("structspec:none,structspec:composite,structspec:auto,structspec:auto+verbatim,"
-                   "outlines,hf-prompt-lookup")
 PROMPT_LOOKUP_TOKENS = 10
 
 

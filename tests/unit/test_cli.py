@@ -211,3 +211,18 @@ def test_extract_spans_prints_each_value_with_its_span_and_confidence(capsys, mo
     start, end = line["spans"]["/who"]
     assert doc.read_text()[start:end] == line["result"]["who"]
     assert 0 <= line["confidence"]["/who"]["min"] <= line["confidence"]["/who"]["mean"] <= 1
+
+
+def test_building_the_cli_imports_neither_torch_nor_transformers():
+    """`structspec --help` and the client commands start without loading the model stack: the
+    CLI imports it inside the commands that need it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys; from structspec.cli import build_parser; build_parser(); "
+            "heavy = [m for m in ('torch', 'transformers', 'celery', 'litestar') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60,
+                   env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
