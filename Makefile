@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence bench-quality clean
+	bench-loopguard bench-confidence bench-quality gpu-bundle gpu-check clean
 
 install: $(STAMP)
 
@@ -80,6 +80,24 @@ bench-quality: install
 
 bench-kernels: install
 	$(PY) -m kernels.bench
+
+# The GPU kit (docs/gpu.md, structspec/bench/gpu.py). gpu-bundle, here: .gpu/ with Python 3.12
+# wheels, the default tokenizer and the default model in parts, and .gpu/PLAN.md, the device
+# calls that carry them. gpu-check DEVICE=cpu, here: the suite at small sizes in .venv. gpu-check
+# on the lent GPU machine (the last call of PLAN.md): its own python3 with the staged wheels.
+DEVICE ?= cuda
+GGUF ?=
+gpu-bundle: install
+	$(PY) -m structspec.bench.gpu bundle
+
+gpu-check:
+ifeq ($(DEVICE),cpu)
+	$(MAKE) install
+	$(PY) -m structspec.bench.gpu check --device cpu $(if $(GGUF),--gguf $(GGUF))
+else
+	PYTHONPATH=/tmp/gpukit/site:$(CURDIR) python3 -m structspec.bench.gpu check --device $(DEVICE) \
+		--tokenizer /tmp/gpukit/tokenizer $(if $(GGUF),--gguf $(GGUF))
+endif
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache

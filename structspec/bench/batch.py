@@ -39,7 +39,6 @@ import platform
 import pstats
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ import torch
 
 from structspec.bench import batch_report as rep
 from structspec.bench.load import Service, _count, _epoch, fire, poll_until_finished
+from structspec.bench.passes import pass_shapes
 from structspec.bench.receipts import receipts
 from structspec.bench.strategies import load_dataset
 from structspec.config import Settings
@@ -501,49 +501,6 @@ def part_e(cached: CachedReceipts, part_c_result: dict | None, args) -> dict:
             "wall_outside_forward_share": rep.ratio(wall - totals["forward_s"], wall),
             "profile": profile_summary(prof, run.wall_s), "profile_docs": len(rows),
             "profile_max_tokens": args.profile_tokens}
-
-
-SHAPES = ((1, 1), (1, 16), (16, 1), (16, 2), (1, 32), (32, 1))  # (sequences, rows each)
-
-
-def pass_shapes(engine: Engine, contexts: tuple[int, ...], repeats: int = 3) -> list[dict]:
-    """Milliseconds of one forward pass by shape: the same rows as one sequence's draft or as one
-    row each of many sequences, every sequence `context` tokens deep (random tokens; the
-    runner's own slots and segments, outside any request). The pass-cost curve (cost.py) is
-    keyed by rows alone; this shows what the number of sequences adds."""
-    from structspec.engine.kv_cache import Segment, Slot
-    from structspec.engine.runner import StepInputs
-
-    runner, out = engine.runner, []
-    if not runner.batched:
-        return out
-    gen = torch.Generator().manual_seed(0)
-    for ctx in contexts:
-        ids = torch.randint(1, engine.loaded.vocab_size - 1, (ctx,), generator=gen)
-        first = Slot(runner.layout, ctx + 64, runner.device)
-        runner.forward(StepInputs(ids, torch.arange(ctx), [Segment(first, 0, ctx, 0)], torch.tensor([ctx - 1])))
-        slots = [first]
-        for _ in range(max(n for n, _ in SHAPES) - 1):
-            slot = Slot(runner.layout, ctx + 64, runner.device)
-            for dst, src in zip(slot.keys + slot.values, first.keys + first.values):
-                dst[:, :ctx].copy_(src[:, :ctx])
-            slots.append(slot)
-        times: dict = {s: [] for s in SHAPES}
-        for i in range(repeats):
-            for n, rows in (SHAPES if i % 2 == 0 else SHAPES[::-1]):
-                segs, pos = [], []
-                for b in range(n):
-                    slots[b].length = ctx
-                    segs.append(Segment(slots[b], b * rows, rows, ctx))
-                    pos += range(ctx, ctx + rows)
-                step = StepInputs(torch.full((n * rows,), 5), torch.tensor(pos), segs, torch.arange(n * rows))
-                t = time.perf_counter()
-                runner.forward(step)
-                times[(n, rows)].append(time.perf_counter() - t)
-        out += [{"context": ctx, "sequences": n, "rows_each": rows, "rows": n * rows,
-                 "ms": round(statistics.median(times[(n, rows)]) * 1000, 1)} for n, rows in SHAPES]
-        del slots, first
-    return out
 
 
 # cumulative time of these functions says where a step's time goes (the forward includes the model)

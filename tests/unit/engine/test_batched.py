@@ -20,6 +20,7 @@ import torch
 import structspec.engine.engine as engine_module
 from structspec.engine.engine import Engine, Request, RequestTooLarge
 from structspec.engine.prompt import build_prompt
+from structspec.bench.exactness import bounded, compare
 from structspec.engine.proposers import make_proposer
 from structspec.grammar import schema_hash, validate_instance
 from structspec.options import RequestOptions
@@ -42,14 +43,6 @@ MiB = 1024 * 1024
 # --- comparing with one document at a time ------------------------------------------------
 
 
-def first_divergence(reference: list[int], got: list[int]) -> int | None:
-    """The first index where the two token lists differ (a length difference counts), or None."""
-    for j, (a, b) in enumerate(zip(reference, got)):
-        if a != b:
-            return j
-    return None if len(reference) == len(got) else min(len(reference), len(got))
-
-
 @dataclass
 class Tally:
     eps: float = EPS
@@ -60,15 +53,15 @@ class Tally:
         """Count `got` as identical to `reference` (True) or as diverging at a near-tie (False);
         fail otherwise."""
         assert got.status not in ("error", "failed"), (label, got.error)
-        j = first_divergence(reference.tokens, got.tokens)
-        if j is None:
+        d = compare(reference, got)
+        if d is None:
             assert got.status == reference.status, (label, got.status, reference.status)
             self.identical += 1
             return True
         # The reference's margins cover the rows that emitted its tokens; a reference that
         # ended at j by EOS has no margin for that row, and nothing shows that it was a tie.
-        gap = reference.margins[j] if j < len(reference.margins) else None
-        assert gap is not None and gap < self.eps, (
+        j, gap = d.index, d.gap
+        assert d.near_tie(self.eps), (
             f"{label}: diverges from the one-at-a-time reference at output token {j} "
             f"(reference {reference.tokens[j:j + 3]}, batched {got.tokens[j:j + 3]}) where the reference's "
             f"top-2 masked logit gap is {gap} (not a near-tie: EPS {self.eps})")
@@ -166,21 +159,6 @@ def doc_key(schema: dict, document: str, opts: RequestOptions) -> str:
 
 
 # --- 1 + 3: many documents, joining and leaving -------------------------------------------
-
-def bounded(node, max_items: int = 2):
-    """`node` with maxItems on every array and every number a bounded integer: random and
-    small models repeat array items and digits until max_tokens; bounded, they finish."""
-    if isinstance(node, list):
-        return [bounded(v, max_items) for v in node]
-    if not isinstance(node, dict):
-        return node
-    out = {k: bounded(v, max_items) for k, v in node.items()}
-    if node.get("type") == "array":
-        out["maxItems"] = max_items
-    if node.get("type") in ("number", "integer"):  # a range bounds an integer's digits, not a fraction's
-        out.update(type="integer", minimum=-99999, maximum=99999)
-    return out
-
 
 STRATEGY_CYCLE = ("none", "schema", "ngram", "composite")
 DRAFT_LENS = (8, 4, 16, 2, 6)

@@ -1,0 +1,580 @@
+"""The GPU kit (issue 20): what a session with a lent GPU runs, prepared and tested here.
+
+    make gpu-bundle              # here: .gpu/ (wheels, the default model in parts, PLAN.md)
+    make gpu-check DEVICE=cpu    # here: the same suite at small sizes
+    make gpu-check               # there, after the calls .gpu/PLAN.md lists (docs/gpu.md)
+
+The lent machine has no network, Python 3.12 with its own torch, triton and transformers, and
+takes 64 MiB of files per call. `bundle` gathers what it lacks: Python 3.12 wheels of the
+packages the check imports that its image does not hold (at the versions tested here), and the
+default model's GGUF cut into parts that fit beside them, one part per call to a warm machine.
+
+`check` runs, in one process, each stage on its own so that one failing stage leaves the others,
+the measurements the GPU issue asks for first (a stage that would start after --deadline-s is
+skipped and says how to run it alone):
+  env           device, versions
+  kernel-bench  python -m kernels.bench: Triton against the torch reference and the bandwidth bound
+  pass-cost     one forward pass by (sequences, draft rows) on a random Llama-3.2-1B: rows -> ms, and
+                each against the plain pass of as many sequences
+  throughput    batched `none` decode tokens/s against one sequence at a time (the same model)
+  exactness     random-weight models from real configs (SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B) in
+                fp32 and bf16: batched speculative decoding against `none` one document at a time;
+                every output identical, or where it first differs, the reference's top-2 masked
+                logit gap
+  kernels       tests/kernels on the device (Triton compiled on CUDA; its interpreter on a CPU)
+  real-model    with --gguf: the default model's tokens per pass and tokens/s, batched against one
+                at a time, for `none` and composite speculation
+  imports       the distributions the run imported: bundled, in the image, or missing
+and writes gpu-check.json and gpu-check.md into --out ($OUT there) after every stage. Figures go
+to docs/benchmarks.md by hand, with the device and the date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1024 * 1024
+CALL_LIMIT = 64 * MiB  # the working tree plus carried paths, per call (the device tool's README)
+
+# Distributions the check imports that the lent image lacks (KINDS.md lists its packages; it
+# has torch, triton, transformers, tokenizers, safetensors, accelerate, numpy, jinja2, pytest).
+# Checked against what a CPU run of the check actually imports: `check` reports any import
+# that is neither here nor in IMAGE_HAS.
+BUNDLED = ("llguidance", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "gguf")
+IMAGE_HAS = ("torch", "triton", "transformers", "tokenizers", "safetensors", "huggingface-hub", "accelerate",
+             "numpy", "jinja2", "markupsafe", "pytest", "pluggy", "iniconfig", "packaging", "attrs", "pyyaml",
+             "regex", "tqdm", "filelock", "fsspec", "requests", "typing-extensions", "sympy", "mpmath",
+             "networkx", "hypothesis", "sortedcontainers", "psutil", "certifi", "charset-normalizer", "idna",
+             "urllib3", "hf-xet", "httpx", "httpcore", "h11", "anyio", "sniffio", "click", "rich", "pygments",
+             "markdown-it-py", "mdurl", "shellingham", "typer", "annotated-doc", "setuptools", "prometheus-client",
+             "pillow", "scipy",
+             # imported here by huggingface-hub 1.x; the image's huggingface-hub brings its own HTTP stack
+             "httpx2", "httpcore2", "truststore")
+# pip matches a wheel's manylinux tag exactly: every glibc level up to the image's (2.39)
+PLATFORMS = tuple(f"manylinux_2_{n}_x86_64" for n in range(39, 4, -1)) + ("manylinux2014_x86_64",
+                                                                          "manylinux1_x86_64", "linux_x86_64")
+
+# Architectures to build random-weight models from. SmolLM2-135M's config is the default
+# model's own (read from its converted folder here); the others restate the published configs
+# of Qwen2.5-0.5B and Llama-3.2-1B. Every model uses the default tokenizer: a vocabulary larger
+# than the tokenizer's has rows the grammar never allows, which keeps the logits' width (the
+# kernels' V) real.
+CONFIGS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rope_theta=1000000.0,
+                         max_position_embeddings=32768, rms_norm_eps=1e-6, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+                         rope_theta=500000.0, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                         tie_word_embeddings=True),
+}
+TIMING_CONFIG = "llama-3.2-1b"  # the >= 1B config the pass-cost and throughput stages time
+
+
+# --- bundle (runs here) --------------------------------------------------------------------------
+
+def tree_bytes() -> int:
+    """Bytes of what a call sends besides carried paths: tracked and untracked-not-ignored files."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           check=True, capture_output=True).stdout.split(b"\0")
+    return sum((ROOT / n.decode()).stat().st_size for n in names if n and (ROOT / n.decode()).is_file())
+
+
+def download_wheels(dest: Path, names: tuple[str, ...] = BUNDLED) -> list[Path]:
+    """Python 3.12 manylinux wheels of `names` at the versions installed here."""
+    dest.mkdir(parents=True, exist_ok=True)
+    pins = [f"{n}=={md.version(n)}" for n in names]
+    platforms = [a for p in PLATFORMS for a in ("--platform", p)]
+    subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.12", "--implementation", "cp", *platforms, "-d", str(dest), *pins],
+                   check=True)
+    return sorted(dest.glob("*.whl"))
+
+
+def split_file(path: Path, dest: Path, first: int, rest: int) -> list[Path]:
+    """`path` cut into dest/model.gguf.partNN: the first part `first` bytes, the others `rest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    parts, size = [], path.stat().st_size
+    with path.open("rb") as f:
+        while f.tell() < size:
+            chunk = f.read(first if not parts else rest)
+            part = dest / f"model.gguf.part{len(parts):02d}"
+            part.write_bytes(chunk)
+            parts.append(part)
+    return parts
+
+
+def plan_calls(tree: int, wheels: int, model: int, limit: int = CALL_LIMIT, margin: int = 2 * MiB) -> list[int]:
+    """Bytes of model carried by each call: the first carries the wheels too. Every call sends
+    the tree; each stays under `limit` less `margin`."""
+    room = limit - margin - tree
+    if room - wheels <= 0:
+        raise ValueError(f"the tree ({tree / MiB:.1f} MiB) and the wheels ({wheels / MiB:.1f} MiB) "
+                         f"leave no room in a {limit / MiB:.0f} MiB call")
+    calls = [min(model, room - wheels)]
+    while sum(calls) < model:
+        calls.append(min(room, model - sum(calls)))
+    return calls
+
+
+def bundle(out: Path, gguf: Path | None) -> dict[str, Any]:
+    """Fill `out` (ignored by git) and write out/PLAN.md: the device calls, in order."""
+    from structspec.engine.model_files import default_gguf_path
+
+    shutil.rmtree(out, ignore_errors=True)
+    wheels = download_wheels(out / "wheels")
+    model_files = default_model_dir()
+    (out / "wheels" / "tokenizer").mkdir()  # carried with the wheels, in the first call
+    for name in TOKENIZER_FILES:
+        if (model_files / name).is_file():
+            shutil.copy(model_files / name, out / "wheels" / "tokenizer" / name)
+    gguf = gguf or default_gguf_path()
+    tree = tree_bytes()
+    wheel_bytes = sum(f.stat().st_size for f in (out / "wheels").rglob("*") if f.is_file())
+    calls = plan_calls(tree, wheel_bytes, gguf.stat().st_size)
+    parts = split_file(gguf, out / "model", calls[0], calls[1] if len(calls) > 1 else calls[0])
+    rel = lambda p: str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)  # noqa: E731
+    steps = []
+    for i, part in enumerate(parts):
+        carry = [rel(out / "wheels"), rel(part)] if i == 0 else [rel(part)]
+        sent = tree + sum((ROOT / c).stat().st_size if (ROOT / c).is_file() else
+                          sum(f.stat().st_size for f in (ROOT / c).rglob("*") if f.is_file()) for c in carry)
+        last = i == len(parts) - 1
+        steps.append({"carry": carry, "bytes": sent, "command": stage_command(rel(out), part.name, last)})
+    summary = {"wheels": [w.name for w in wheels], "wheel_bytes": wheel_bytes, "tree_bytes": tree,
+               "model": str(gguf), "model_bytes": gguf.stat().st_size, "calls": steps}
+    (out / "PLAN.md").write_text(plan_markdown(summary))
+    (out / "bundle.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def stage_command(bundle_dir: str, part: str, last: bool) -> str:
+    """The shell command of one call: stage its files outside the repo (they survive while the
+    machine is warm), and in the last call assemble the model and run the check."""
+    cmd = (f"mkdir -p /tmp/gpukit/model && cp {bundle_dir}/model/{part} /tmp/gpukit/model/ && "
+           f"if [ -d {bundle_dir}/wheels ]; then cp -r {bundle_dir}/wheels/tokenizer /tmp/gpukit/ && "
+           f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
+           f"--target /tmp/gpukit/site {bundle_dir}/wheels/*.whl; fi")
+    if last:  # what `make gpu-check GGUF=...` runs, without needing make there
+        cmd += (" && cat /tmp/gpukit/model/model.gguf.part* > /tmp/gpukit/model.gguf && "
+                "HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/gpukit/site:$PWD python3 -m structspec.bench.gpu check "
+                "--device cuda --tokenizer /tmp/gpukit/tokenizer --gguf /tmp/gpukit/model.gguf")
+    return cmd
+
+
+def plan_markdown(s: dict[str, Any]) -> str:
+    lines = ["# GPU kit: the device calls, in order", "",
+             f"Wheels: {len(s['wheels'])} ({s['wheel_bytes'] / MiB:.1f} MiB): {', '.join(s['wheels'])}.",
+             f"Tree sent by every call: {s['tree_bytes'] / MiB:.1f} MiB. Model: {s['model_bytes'] / MiB:.1f} MiB "
+             f"in {len(s['calls'])} parts.", "",
+             "Make the calls back to back: the machine stays warm 30 s after a call, and the staged files "
+             "in /tmp/gpukit go with it. If it went back, start again from call 1.", ""]
+    for i, c in enumerate(s["calls"], 1):
+        lines += [f"{i}. carry {json.dumps(c['carry'])} ({c['bytes'] / MiB:.1f} MiB sent), timeout_s 600:", "",
+                  "   ```sh", f"   {c['command']}", "   ```", ""]
+    lines += ["The last call's $OUT holds gpu-check.json and gpu-check.md.", ""]
+    return "\n".join(lines)
+
+
+# --- check (runs there; DEVICE=cpu here at small sizes) -----------------------------------------------
+
+class Report:
+    """Stages' results, written as JSON and Markdown after every stage (a killed run keeps them)."""
+
+    def __init__(self, out: Path, device: str, deadline_s: float = 0):
+        self.out, self.device = out, device
+        self.stages: dict[str, dict[str, Any]] = {}
+        self.deadline = time.monotonic() + deadline_s if deadline_s > 0 else None
+        out.mkdir(parents=True, exist_ok=True)
+
+    def stage(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.stages[name] = {"ok": True, "skipped": "past --deadline-s: run it alone with --stages " + name}
+            self.write()
+            return
+        print(f"gpu-check: {name} ...", file=sys.stderr, flush=True)
+        t = time.perf_counter()
+        try:
+            result = {"ok": True, **fn()}
+        except Exception as e:  # reported; the other stages still run
+            result = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        result["seconds"] = round(time.perf_counter() - t, 1)
+        self.stages[name] = result
+        print(f"gpu-check: {name}: {'ok' if result['ok'] else result['error']} ({result['seconds']} s)",
+              file=sys.stderr, flush=True)
+        self.write()
+
+    def write(self) -> None:
+        (self.out / "gpu-check.json").write_text(json.dumps({"device": self.device, "stages": self.stages},
+                                                            indent=1, default=str))
+        (self.out / "gpu-check.md").write_text(report_markdown(self.device, self.stages))
+
+
+def env_stage(device: str) -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
+                            "cuda": torch.version.cuda, "device": device}
+    for name in ("triton", "transformers", "llguidance", "tokenizers"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            info[name] = md.version(name)
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        info.update(gpu=props.name, sms=props.multi_processor_count, memory_gib=round(props.total_memory / 2**30, 1))
+    else:
+        info["cpu"] = platform.processor() or platform.machine()
+        info["threads"] = torch.get_num_threads()
+    return info
+
+
+def run_kernel_tests(device: str, small: bool) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if device == "cuda":
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = "1"
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"]
+    if small:
+        args += ["-x", "-k", "greedy and not large"]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()
+    summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line or " error" in line),
+                   tail[-1] if tail else "")
+    if proc.returncode != 0:
+        raise RuntimeError(f"kernel tests: {summary}\n" + "\n".join(tail[-40:]))
+    return {"summary": summary}
+
+
+def run_kernel_bench(device: str, small: bool) -> dict[str, Any]:
+    args = [sys.executable, "-m", "kernels.bench", "--device", device] + (["--quick"] if small else [])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    if proc.returncode != 0:
+        raise RuntimeError((proc.stdout + proc.stderr)[-3000:])
+    return {"markdown": proc.stdout.strip()}
+
+
+TOKENIZER_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                   "chat_template.jinja", "special_tokens_map.json")
+
+
+def default_model_dir() -> Path:
+    """The default model's converted folder here (converted from its GGUF on first use)."""
+    from structspec.config import Settings
+    from structspec.engine.model import model_dir
+
+    path, _ = model_dir("default", Settings.from_env().cache_dir)
+    return Path(path)
+
+
+def tokenizer_and_config(folder: Path):
+    """The tokenizer in `folder` (the default model's files) and its config (a dict)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder)), json.loads((folder / "config.json").read_text())
+
+
+def random_model(name: str, base: dict[str, Any], tok, device: str, dtype, small: bool, seed: int = 0):
+    """A LoadedModel with random weights at the config's own initialisation. Small: 2 layers
+    and narrow, the vocabulary kept."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from structspec.engine.model import from_model
+
+    cfg = dict(base)
+    if small:
+        cfg.update(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=32)
+    model_type = cfg.pop("model_type")
+    keep = {k: v for k, v in cfg.items() if not k.startswith(("_", "transformers_version", "architectures",
+                                                              "torch_dtype", "dtype", "auto_map"))}
+    keep.update(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=None)
+    keep["vocab_size"] = max(int(keep.get("vocab_size", 0)), len(tok))
+    config = AutoConfig.for_model(model_type, **keep)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=dtype).eval()
+    return from_model(model, tok, name=f"random {name}{' (small)' if small else ''}")
+
+
+def documents(n: int) -> list[tuple[dict, str]]:
+    """The n shortest DeepJSONEval documents of the test fixture (Apache-2.0, tests/fixtures/NOTICE.md),
+    their schemas bounded (random models otherwise run to max_tokens in arrays and digits)."""
+    from structspec.bench.exactness import bounded
+
+    path = ROOT / "tests" / "fixtures" / "deepjsoneval_sample.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows.sort(key=lambda r: (len(r["text"]), r["id"]))
+    return [(bounded(r["schema"]), r["text"]) for r in rows[:n]]
+
+
+def exactness_stage(tok, configs: dict[str, dict], device: str, small: bool) -> dict[str, Any]:
+    """Per (config, dtype): batched speculative outputs (composite, schema and ngram, k 8, all
+    at once) against `none` alone."""
+    import torch
+
+    from structspec.bench.exactness import compare
+    from structspec.engine.engine import Engine, Request
+    from structspec.options import RequestOptions
+
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    docs = documents(4 if small else 12)
+    max_tokens = 48 if small else 96
+    results = []
+    for name, base in configs.items():
+        for dname, dtype in dtypes.items():
+            loaded = random_model(name, base, tok, device, dtype, small)
+            alone = Engine(loaded, kernel_backend="auto", engine_max_seqs=1)
+            refs = alone.run([Request(s, d, RequestOptions(strategy="none", draft_len=0, max_tokens=max_tokens,
+                                                           verbatim=True), trace=True) for s, d in docs])
+            batched = Engine(loaded, kernel_backend="auto", engine_max_seqs=16)
+            strategies = ("composite", "schema", "ngram")
+            reqs = [Request(s, d, RequestOptions(strategy=strategies[i % 3], draft_len=8, max_tokens=max_tokens,
+                                                 verbatim=True)) for i, (s, d) in enumerate(docs)]
+            got = batched.run(reqs)
+            identical, gaps, accepted = 0, [], 0
+            for ref, out in zip(refs, got):
+                accepted += out.stats.accepted
+                d = compare(ref, out)
+                if d is None:
+                    identical += 1
+                else:
+                    gaps.append({"index": d.index, "gap": d.gap})
+            results.append({"config": name, "dtype": dname, "documents": len(docs), "identical": identical,
+                            "diverged": gaps, "accepted_draft_tokens": accepted,
+                            "finished": sum(r.status == "succeeded" for r in refs)})
+            del alone, batched, loaded
+            if device == "cuda":
+                torch.cuda.empty_cache()
+    return {"runs": results}
+
+
+def pass_cost_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]:
+    import torch
+
+    from structspec.bench.passes import pass_shapes
+    from structspec.engine.engine import Engine
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loaded = random_model(TIMING_CONFIG, base, tok, device, dtype, small)
+    engine = Engine(loaded, kernel_backend="auto", engine_max_seqs=64, engine_kv_budget_mb=1 << 16)
+    seqs = (1, 4) if small else (1, 2, 4, 8, 16, 32, 64)
+    ks = (0, 4) if small else (0, 1, 2, 4, 8, 16)
+    shapes = tuple((b, k + 1) for b in seqs for k in ks)
+    rows = pass_shapes(engine, (128,) if small else (512,), repeats=3 if small else 10, shapes=shapes)
+    plain = {r["sequences"]: r["ms"] for r in rows if r["rows_each"] == 1}
+    for r in rows:
+        r["k"] = r["rows_each"] - 1
+        r["vs_plain"] = round(r["ms"] / plain[r["sequences"]], 3)
+    return {"model": loaded.name, "dtype": str(dtype).removeprefix("torch."), "rows": rows}
+
+
+def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]:
+    """Batched `none` decode against one sequence at a time, random weights, receipts."""
+    import torch
+
+    from structspec.bench.receipts import receipts
+    from structspec.engine.engine import Engine, Request
+    from structspec.options import RequestOptions
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    loaded = random_model(TIMING_CONFIG, base, tok, device, dtype, small)
+    schema = json.loads((ROOT / "schemas" / "receipt.json").read_text())
+    batch_sizes = (1, 4) if small else (1, 8, 32, 64)
+    docs = [r["text"] for r in receipts(2 * max(batch_sizes), seed=7)]
+    opts = RequestOptions(strategy="none", draft_len=0, max_tokens=16 if small else 64)
+    out = []
+    for b in batch_sizes:
+        engine = Engine(loaded, kernel_backend="auto", engine_max_seqs=b, engine_kv_budget_mb=1 << 16)
+        engine.run([Request(schema, docs[0], opts)])  # warm-up: compile, allocate, learn the schema prefix
+        t = time.perf_counter()
+        results = engine.run([Request(schema, d, opts) for d in docs])
+        wall = time.perf_counter() - t
+        tokens = sum(r.stats.output_tokens for r in results)
+        decode = sum(r.stats.decode_s for r in results)
+        out.append({"max_seqs": b, "documents": len(results), "output_tokens": tokens, "wall_s": round(wall, 3),
+                    "tok_s": round(tokens / wall, 1), "decode_tok_s": round(tokens / decode, 1) if decode else None})
+        del engine
+    base_rate = out[0]["tok_s"]
+    for r in out:
+        r["vs_1"] = round(r["tok_s"] / base_rate, 2) if base_rate else None
+    return {"model": loaded.name, "runs": out}
+
+
+def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
+    """The default model's weights: e-mails and receipts, `none` and composite k 8, batched
+    and alone; tokens per pass is what speculation earns."""
+    from structspec.bench.contacts import contacts
+    from structspec.bench.receipts import receipts
+    from structspec.engine.engine import Engine, Request
+    from structspec.engine.model import load_model
+    from structspec.options import RequestOptions
+
+    loaded = load_model(str(gguf), device=device, dtype="auto")
+    n = 4 if small else 24
+    sets = {"contact": ([r["text"] for r in contacts(n, seed=3)], "contact.json"),
+            "receipt": ([r["text"] for r in receipts(n, seed=3)], "receipt.json")}
+    out = []
+    for set_name, (docs, schema_file) in sets.items():
+        schema = json.loads((ROOT / "schemas" / schema_file).read_text())
+        for strategy, k in (("none", 0), ("composite", 8)):
+            for b in ((1, 4) if small else (1, 24)):
+                engine = Engine(loaded, kernel_backend="auto", engine_max_seqs=b)
+                opts = RequestOptions(strategy=strategy, draft_len=k, max_tokens=32 if small else 96)
+                engine.run([Request(schema, docs[0], opts)])  # warm-up
+                t = time.perf_counter()
+                results = engine.run([Request(schema, d, opts) for d in docs])
+                wall = time.perf_counter() - t
+                tokens = sum(r.stats.output_tokens for r in results)
+                passes = sum(r.stats.target_passes for r in results)
+                out.append({"set": set_name, "strategy": strategy, "k": k, "max_seqs": b, "documents": len(docs),
+                            "output_tokens": tokens, "tokens_per_pass": round(tokens / passes, 2) if passes else None,
+                            "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 1)})
+                del engine
+    return {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype), "runs": out}
+
+
+def third_party_imports() -> dict[str, list[str]]:
+    """Distributions of the modules imported so far, split into bundled, in the image, and neither."""
+    dists = md.packages_distributions()
+    seen = set()
+    for mod in list(sys.modules):
+        top = mod.split(".")[0]
+        for d in dists.get(top, []):
+            seen.add(d.lower().replace("_", "-"))
+    bundled = {b.lower() for b in BUNDLED}
+    image = {i.lower() for i in IMAGE_HAS}
+    return {"bundled": sorted(seen & bundled), "image": sorted(seen & image),
+            "missing": sorted(seen - bundled - image - {"structspec"})}
+
+
+STAGES = ("kernel-bench", "pass-cost", "throughput", "exactness", "kernels", "real-model")  # in the order run
+
+
+def check(device: str, out: Path, tokenizer: Path, gguf: Path | None, small: bool,
+          stages: set[str] | None = None, deadline_s: float = 0) -> Report:
+    """Run `stages` (default: all; real-model only with `gguf`) in STAGES' order, the measurements
+    the GPU issue asks for first; a stage that would start after `deadline_s` is skipped."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("gpu-check: --device cuda, but torch sees no CUDA device")
+    unknown = (stages or set()) - set(STAGES)
+    if unknown:
+        raise SystemExit(f"gpu-check: unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(STAGES)}")
+    report = Report(out, device, deadline_s)
+    report.stage("env", lambda: env_stage(device))
+    tok, smollm = tokenizer_and_config(tokenizer)
+    configs = {"smollm2-135m": {**smollm, "model_type": smollm.get("model_type", "llama")}, **CONFIGS}
+    if small:
+        configs = {k: configs[k] for k in ("smollm2-135m", "qwen2.5-0.5b")}
+    timing = CONFIGS[TIMING_CONFIG]
+    run = {"kernel-bench": lambda: run_kernel_bench(device, small),
+           "pass-cost": lambda: pass_cost_stage(tok, timing, device, small),
+           "throughput": lambda: throughput_stage(tok, timing, device, small),
+           "exactness": lambda: exactness_stage(tok, configs, device, small),
+           "kernels": lambda: run_kernel_tests(device, small),
+           "real-model": lambda: real_model_stage(gguf, device, small)}
+    for name in STAGES:
+        if (stages is None or name in stages) and (name != "real-model" or gguf is not None):
+            report.stage(name, run[name])
+    report.stage("imports", third_party_imports)
+    return report
+
+
+# --- report -------------------------------------------------------------------------------
+
+def _table(rows: list[dict], cols: list[str]) -> list[str]:
+    def cell(v):
+        return "" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + \
+        ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+
+
+def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
+    lines = [f"# gpu-check on {device}", ""]
+    for name, s in stages.items():
+        if s.get("skipped"):
+            lines += [f"## {name} (skipped)", "", s["skipped"], ""]
+            continue
+        lines += [f"## {name} ({'ok' if s.get('ok') else 'FAILED'}, {s.get('seconds')} s)", ""]
+        if not s.get("ok"):
+            lines += ["```", s.get("error", ""), s.get("traceback", ""), "```", ""]
+            continue
+        if name in ("env", "imports"):
+            lines += [f"- {k}: {v}" for k, v in s.items() if k not in ("ok", "seconds")] + [""]
+        elif name == "kernels":
+            lines += [s["summary"], ""]
+        elif name == "kernel-bench":
+            lines += [s["markdown"], ""]
+        elif name == "exactness":
+            rows = [{**r, "diverged": len(r["diverged"]),
+                     "largest gap at a divergence": max((d["gap"] for d in r["diverged"] if d["gap"] is not None),
+                                                        default=None)} for r in s["runs"]]
+            lines += _table(rows, ["config", "dtype", "documents", "identical", "diverged",
+                                   "largest gap at a divergence", "accepted_draft_tokens"]) + [""]
+        elif name == "pass-cost":
+            lines += [f"{s['model']}, {s['dtype']}", ""]
+            lines += _table(s["rows"], ["context", "sequences", "k", "rows", "ms", "vs_plain"]) + [""]
+        elif name == "throughput":
+            lines += [s["model"], ""] + _table(s["runs"], ["max_seqs", "documents", "output_tokens", "wall_s",
+                                                           "tok_s", "decode_tok_s", "vs_1"]) + [""]
+        elif name == "real-model":
+            lines += [f"{s['model']}, {s['dtype']}", ""]
+            lines += _table(s["runs"], ["set", "strategy", "k", "max_seqs", "documents", "output_tokens",
+                                        "tokens_per_pass", "wall_s", "tok_s"]) + [""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m structspec.bench.gpu", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("bundle", help="gather .gpu/ for the device calls (here)")
+    b.add_argument("--out", type=Path, default=ROOT / ".gpu")
+    b.add_argument("--gguf", type=Path, default=None, help="model to carry (default: the default model's GGUF)")
+    c = sub.add_parser("check", help="run the suite on --device and write the report into --out")
+    c.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    c.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or ROOT / "bench-out" / "gpu"))
+    c.add_argument("--gguf", type=Path, default=None, help="the default model's GGUF, for the real-model stage")
+    c.add_argument("--tokenizer", type=Path, default=None,
+                   help="folder with the default model's tokenizer and config (default: its converted folder here)")
+    c.add_argument("--small", action="store_true", help="small sizes (the default on a CPU)")
+    c.add_argument("--stages", default=None, help=f"comma-separated subset of {', '.join(STAGES)}")
+    c.add_argument("--deadline-s", type=float, default=None,
+                   help="skip the stages that would start after this many seconds (default: 520 on CUDA, "
+                        "inside the device tool's 600 s per command; none on a CPU)")
+    args = p.parse_args(argv)
+    if args.cmd == "bundle":
+        s = bundle(args.out, args.gguf)
+        print((args.out / "PLAN.md").read_text())
+        biggest = max(c["bytes"] for c in s["calls"])
+        print(f"gpu-bundle: {len(s['calls'])} calls, the largest sends {biggest / MiB:.1f} MiB "
+              f"(limit {CALL_LIMIT / MiB:.0f} MiB)")
+        return 0 if biggest <= CALL_LIMIT else 1
+    small = args.small or args.device == "cpu"
+    stages = set(args.stages.split(",")) if args.stages else None
+    deadline = args.deadline_s if args.deadline_s is not None else (520 if args.device == "cuda" else 0)
+    report = check(args.device, args.out, args.tokenizer or default_model_dir(), args.gguf, small, stages, deadline)
+    print((args.out / "gpu-check.md").read_text())
+    failed = [n for n, s in report.stages.items() if not s["ok"]]
+    if failed:
+        print(f"gpu-check: failed stages: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
