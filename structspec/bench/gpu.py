@@ -280,6 +280,12 @@ def default_model_dir() -> Path:
     return Path(path)
 
 
+def kernel_backend(device: str) -> str:
+    """Triton where it compiles (auto: Triton on CUDA); the torch reference on a CPU, where
+    Triton would only run in its interpreter (which `make test` turns on for its kernel tests)."""
+    return "auto" if device == "cuda" else "torch"
+
+
 def tokenizer_and_config(folder: Path):
     """The tokenizer in `folder` (the default model's files) and its config (a dict)."""
     from transformers import AutoTokenizer
@@ -338,10 +344,10 @@ def exactness_stage(tok, configs: dict[str, dict], device: str, small: bool) -> 
     for name, base in configs.items():
         for dname, dtype in dtypes.items():
             loaded = random_model(name, base, tok, device, dtype, small)
-            alone = Engine(loaded, kernel_backend="auto", engine_max_seqs=1)
+            alone = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=1)
             refs = alone.run([Request(s, d, RequestOptions(strategy="none", draft_len=0, max_tokens=max_tokens,
                                                            verbatim=True), trace=True) for s, d in docs])
-            batched = Engine(loaded, kernel_backend="auto", engine_max_seqs=16)
+            batched = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=16)
             strategies = ("composite", "schema", "ngram")
             reqs = [Request(s, d, RequestOptions(strategy=strategies[i % 3], draft_len=8, max_tokens=max_tokens,
                                                  verbatim=True)) for i, (s, d) in enumerate(docs)]
@@ -371,7 +377,7 @@ def pass_cost_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     loaded = random_model(TIMING_CONFIG, base, tok, device, dtype, small)
-    engine = Engine(loaded, kernel_backend="auto", engine_max_seqs=64, engine_kv_budget_mb=1 << 16)
+    engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=64, engine_kv_budget_mb=1 << 16)
     seqs = (1, 4) if small else (1, 2, 4, 8, 16, 32, 64)
     ks = (0, 4) if small else (0, 1, 2, 4, 8, 16)
     shapes = tuple((b, k + 1) for b in seqs for k in ks)
@@ -399,7 +405,7 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
     opts = RequestOptions(strategy="none", draft_len=0, max_tokens=16 if small else 64)
     out = []
     for b in batch_sizes:
-        engine = Engine(loaded, kernel_backend="auto", engine_max_seqs=b, engine_kv_budget_mb=1 << 16)
+        engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=b, engine_kv_budget_mb=1 << 16)
         engine.run([Request(schema, docs[0], opts)])  # warm-up: compile, allocate, learn the schema prefix
         t = time.perf_counter()
         results = engine.run([Request(schema, d, opts) for d in docs])
@@ -433,7 +439,7 @@ def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
         schema = json.loads((ROOT / "schemas" / schema_file).read_text())
         for strategy, k in (("none", 0), ("composite", 8)):
             for b in ((1, 4) if small else (1, 24)):
-                engine = Engine(loaded, kernel_backend="auto", engine_max_seqs=b)
+                engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=b)
                 opts = RequestOptions(strategy=strategy, draft_len=k, max_tokens=32 if small else 96)
                 engine.run([Request(schema, docs[0], opts)])  # warm-up
                 t = time.perf_counter()
