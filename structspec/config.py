@@ -48,6 +48,9 @@ class Settings:
     # the loop guard (engine/loopguard.py): an output whose last N blocks of tokens are identical
     # (a block up to 128 tokens, the run at least 48) ends there as truncated; 0 = off
     engine_loop_repeats: int = 4
+    # its counting rule: inside one JSON string, blocks equal but for their digits
+    # ("_2018_2019_2020_...") end the output the same way; false: identical blocks only
+    engine_loop_counting: bool = True
     # Service (API, worker, migrations). Empty URLs are derived from data_dir in __post_init__:
     # a SQLite file and kombu's SQLAlchemy transport on SQLite, so a fresh clone needs no servers.
     database_url: str = ""  # e.g. postgresql://user@host/db (driver psycopg is implied)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import msgspec
-
 from litestar import Controller, Request, Response, delete, get, post, put
 from litestar.di import NamedDependency, Provide
 from litestar.datastructures import State

@@ -134,7 +134,8 @@ class Engine:
             prefix_len = self._shared_prefix_len(schema, prompt) if request.messages is None else 0
         seq = Sequence(request, prompt, prefix_len, matcher,
                        request.proposer or make_proposer(opts.strategy), ctx, generator, verbatim,
-                       loop_repeats=self.settings.engine_loop_repeats)
+                       loop_repeats=self.settings.engine_loop_repeats,
+                       loop_counting=self.settings.engine_loop_counting)
         self.scheduler.add(seq)
         return request.id
 
@@ -381,8 +382,9 @@ class Engine:
             why = {"max_tokens": "max_tokens reached", "context": "the model's context is full"}.get(stop)
             if stop == "repetition":
                 g = seq.loop_guard
-                why = (f"the output repeats itself: the last {g.period * g.repeats} tokens are one block of "
-                       f"{g.period} tokens {g.repeats} times (loop guard, STRUCTSPEC_ENGINE_LOOP_REPEATS)")
+                where, shape = ("inside one string, ", " but for their digits") if g.rule == "counting" else ("", "")
+                why = (f"the output repeats itself: {where}the last {g.period * g.repeats} tokens are one block of "
+                       f"{g.period} tokens {g.repeats} times{shape} (loop guard, STRUCTSPEC_ENGINE_LOOP_REPEATS)")
             return ExtractResult("truncated", None, error=f"output truncated after {len(seq.out)} tokens: {why}",
                                  **base)
         schema = seq.request.schema

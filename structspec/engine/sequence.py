@@ -141,7 +141,7 @@ class Sequence:
 
     def __init__(self, request: Request, prompt: list[int], prefix_len: int, matcher: Matcher,
                  proposer: Proposer, ctx: DraftContext, generator: torch.Generator | None, verbatim: bool,
-                 loop_repeats: int = 0):
+                 loop_repeats: int = 0, loop_counting: bool = True):
         opts = request.options
         self.request = request
         self.prompt = prompt
@@ -163,7 +163,7 @@ class Sequence:
         self.out_bytes = bytearray()
         self.margins: list[float] | None = [] if request.trace else None
         self.probs: list[float] = []  # masked probability of each output token (grounding.py)
-        self.loop_guard = LoopGuard(loop_repeats) if loop_repeats else None  # engine/loopguard.py
+        self.loop_guard = LoopGuard(loop_repeats, loop_counting) if loop_repeats else None  # engine/loopguard.py
         self.stop_reason: str | None = None
         self.cancelled = False
         # in a step that raised beside other sequences: it steps alone until one step succeeds

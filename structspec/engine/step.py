@@ -201,7 +201,7 @@ def guard_loops(seq: Sequence, token_bytes) -> None:
     repeats itself is cut where the rule first holds and stops with reason `repetition`."""
     if seq.loop_guard is None:
         return
-    end = seq.loop_guard.feed(seq.out)
+    end = seq.loop_guard.feed(seq.out, token_bytes)
     if end is None or (end == len(seq.out) and seq.stop_reason in ("grammar", "eos")):
         return
     if end < len(seq.out):

@@ -39,6 +39,66 @@ def test_short_runs_and_varying_loops_do_not_fire():
     assert first_fire(list(range(100, 116)) * 3) is None  # three repeats, not four
 
 
+# --- the counting rule: inside one string, digits aside -------------------------------------
+
+TEXT = {1: b'{"city":"', 2: b"_", 3: b"Laguna", 4: b'"}', 5: b"[", 6: b",", 7: b"]", 8: b'\\"', 9: b'"'}
+TEXT.update({10 + d: str(d).encode() for d in range(10)})  # ids 10-19: the digits
+
+
+def text_bytes(ids) -> bytes:
+    return b"".join(TEXT[i] for i in ids)
+
+
+def digits(n: int) -> list[int]:
+    return [10 + int(c) for c in str(n)]
+
+
+def first_fire_text(tokens: list[int], chunk: int = 1) -> tuple[int | None, LoopGuard]:
+    guard = LoopGuard(4)
+    for end in range(chunk, len(tokens) + chunk, chunk):
+        fired = guard.feed(tokens[:end], text_bytes)
+        if fired is not None:
+            return fired, guard
+    return None, guard
+
+
+def test_a_string_that_counts_fires_the_counting_rule():
+    """"Laguna_2018_2019_...": blocks of 5 tokens ("_" and four digits) that differ only in their
+    digits. The shortest period whose 4 blocks reach MIN_TOKENS is 15 (three years)."""
+    tokens = [1, 3] + [t for year in range(2000, 2040) for t in [2, *digits(year)]]
+    fired, guard = first_fire_text(tokens)
+    assert guard.rule == "counting" and guard.period == 15
+    # shapes start after the token that opened the string (index 1 on); position j of them
+    # repeats position j - 15 from j = 16 on, and 45 such positions in a row fire the rule
+    assert fired == 1 + 16 + 45
+    assert first_fire(tokens) is None  # the identical rule alone never fires: every year differs
+
+
+@pytest.mark.parametrize("chunk", [3, 7, 40])
+def test_the_counting_rule_fires_at_the_same_position_whatever_the_step_size(chunk):
+    tokens = [1, 3] + [t for year in range(2000, 2040) for t in [2, *digits(year)]]
+    assert first_fire_text(tokens, chunk)[0] == first_fire_text(tokens)[0]
+
+
+def test_the_counting_rule_can_be_turned_off():
+    tokens = [1, 3] + [t for year in range(2000, 2040) for t in [2, *digits(year)]]
+    assert LoopGuard(4, counting=False).feed(tokens, text_bytes) is None
+
+
+def test_numbers_outside_strings_never_fire_the_counting_rule():
+    """An array of numbers of one shape is ordinary output."""
+    tokens = [5] + [t for year in range(2000, 2100) for t in [*digits(year), 6]] + [7]
+    assert first_fire_text(tokens)[0] is None
+
+
+def test_a_closing_quote_starts_the_count_again_and_an_escaped_one_does_not():
+    short = [t for year in range(2000, 2011) for t in [2, *digits(year)]]  # 55 tokens: under the run
+    assert first_fire_text([1, 3] + short + [4, 1, 3] + short + [4])[0] is None  # two strings
+    long = [t for year in range(2000, 2040) for t in [2, *digits(year)]]
+    assert first_fire_text([1, 3, 8] + long + [4])[1].rule == "counting"  # \" does not end the string
+    assert first_fire_text([1, 3, 9] + long + [4])[0] is None  # " does: the years are outside it
+
+
 LOOPY = {"type": "array", "items": {"enum": ["alpha", "beta"]}}
 
 
