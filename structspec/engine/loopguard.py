@@ -56,18 +56,12 @@ class LoopGuard:
     def feed(self, out: list[int], token_bytes=None) -> int | None:
         """Scan the tokens of `out` not fed yet; the output length at which a rule first holds
         (the run ends there), or None. `token_bytes(ids) -> bytes` enables the counting rule."""
-        runs, repeats = self.runs, self.repeats
         for i in range(self.seen, len(out)):
-            token = out[i]
-            for p in range(1, min(MAX_PERIOD, i) + 1):
-                if out[i - p] == token:
-                    runs[p] += 1
-                    if runs[p] >= p * (repeats - 1) and p * repeats >= MIN_TOKENS:
-                        return self._fired(i, p, "identical")
-                else:
-                    runs[p] = 0
+            p = repeated(out, i, self.runs, self.repeats)
+            if p:
+                return self._fired(i, p, "identical")
             if self.counting and token_bytes is not None:
-                p = self._shape(token, token_bytes([token]))
+                p = self._shape(out[i], token_bytes([out[i]]))
                 if p:
                     return self._fired(i, p, "counting")
         self.seen = len(out)
@@ -93,15 +87,19 @@ class LoopGuard:
             self.shapes.clear()
             self.shape_runs = [0] * (MAX_PERIOD + 1)
             return 0
-        shapes, runs, repeats = self.shapes, self.shape_runs, self.repeats
-        shape = DIGITS if data.isdigit() else token
-        shapes.append(shape)
-        i = len(shapes) - 1
-        for p in range(1, min(MAX_PERIOD, i) + 1):
-            if shapes[i - p] == shape:
-                runs[p] += 1
-                if runs[p] >= p * (repeats - 1) and p * repeats >= MIN_TOKENS:
-                    return p
-            else:
-                runs[p] = 0
-        return 0
+        self.shapes.append(DIGITS if data.isdigit() else token)
+        return repeated(self.shapes, len(self.shapes) - 1, self.shape_runs, self.repeats)
+
+
+def repeated(seq: list[int], i: int, runs: list[int], repeats: int) -> int:
+    """Advance `runs` (per period P, how many items in a row equal the one P before) over
+    seq[i]; the first period whose last `repeats` blocks are now equal, or 0."""
+    item = seq[i]
+    for p in range(1, min(MAX_PERIOD, i) + 1):
+        if seq[i - p] == item:
+            runs[p] += 1
+            if runs[p] >= p * (repeats - 1) and p * repeats >= MIN_TOKENS:
+                return p
+        else:
+            runs[p] = 0
+    return 0
