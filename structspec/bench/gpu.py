@@ -243,8 +243,13 @@ def env_stage(device: str) -> dict[str, Any]:
     return info
 
 
+def subprocess_env() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH (the staged wheels stay)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def run_kernel_tests(device: str, small: bool) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = subprocess_env()
     if device == "cuda":
         env.pop("TRITON_INTERPRET", None)
     else:
@@ -263,8 +268,7 @@ def run_kernel_tests(device: str, small: bool) -> dict[str, Any]:
 
 def run_kernel_bench(device: str, small: bool) -> dict[str, Any]:
     args = [sys.executable, "-m", "kernels.bench", "--device", device] + (["--quick"] if small else [])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(args, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=540)
     if proc.returncode != 0:
         raise RuntimeError((proc.stdout + proc.stderr)[-3000:])
     return {"markdown": proc.stdout.strip()}
@@ -392,12 +396,29 @@ def pass_cost_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]
     return {"model": loaded.name, "dtype": str(dtype).removeprefix("torch."), "rows": rows}
 
 
+def timed_run(loaded, device: str, max_seqs: int, schema: dict, docs: list[str], opts, **settings) -> dict[str, Any]:
+    """One engine at `max_seqs`: a warm-up request (compile, allocate, learn the schema prefix),
+    then every document of `docs` timed together."""
+    from structspec.engine.engine import Engine, Request
+
+    engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=max_seqs, **settings)
+    engine.run([Request(schema, docs[0], opts)])
+    t = time.perf_counter()
+    results = engine.run([Request(schema, d, opts) for d in docs])
+    wall = time.perf_counter() - t
+    tokens = sum(r.stats.output_tokens for r in results)
+    passes = sum(r.stats.target_passes for r in results)
+    decode = sum(r.stats.decode_s for r in results)
+    return {"max_seqs": max_seqs, "documents": len(results), "output_tokens": tokens,
+            "tokens_per_pass": round(tokens / passes, 2) if passes else None, "wall_s": round(wall, 3),
+            "tok_s": round(tokens / wall, 1), "decode_tok_s": round(tokens / decode, 1) if decode else None}
+
+
 def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]:
     """Batched `none` decode against one sequence at a time, random weights, receipts."""
     import torch
 
     from structspec.bench.receipts import receipts
-    from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -406,18 +427,7 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
     batch_sizes = (1, 4) if small else (1, 8, 32, 64)
     docs = [r["text"] for r in receipts(2 * max(batch_sizes), seed=7)]
     opts = RequestOptions(strategy="none", draft_len=0, max_tokens=16 if small else 64)
-    out = []
-    for b in batch_sizes:
-        engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=b, engine_kv_budget_mb=1 << 16)
-        engine.run([Request(schema, docs[0], opts)])  # warm-up: compile, allocate, learn the schema prefix
-        t = time.perf_counter()
-        results = engine.run([Request(schema, d, opts) for d in docs])
-        wall = time.perf_counter() - t
-        tokens = sum(r.stats.output_tokens for r in results)
-        decode = sum(r.stats.decode_s for r in results)
-        out.append({"max_seqs": b, "documents": len(results), "output_tokens": tokens, "wall_s": round(wall, 3),
-                    "tok_s": round(tokens / wall, 1), "decode_tok_s": round(tokens / decode, 1) if decode else None})
-        del engine
+    out = [timed_run(loaded, device, b, schema, docs, opts, engine_kv_budget_mb=1 << 16) for b in batch_sizes]
     base_rate = out[0]["tok_s"]
     for r in out:
         r["vs_1"] = round(r["tok_s"] / base_rate, 2) if base_rate else None
@@ -429,7 +439,6 @@ def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
     and alone; tokens per pass is what speculation earns."""
     from structspec.bench.contacts import contacts
     from structspec.bench.receipts import receipts
-    from structspec.engine.engine import Engine, Request
     from structspec.engine.model import load_model
     from structspec.options import RequestOptions
 
@@ -441,19 +450,10 @@ def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
     for set_name, (docs, schema_file) in sets.items():
         schema = json.loads((ROOT / "schemas" / schema_file).read_text())
         for strategy, k in (("none", 0), ("composite", 8)):
+            opts = RequestOptions(strategy=strategy, draft_len=k, max_tokens=32 if small else 96)
             for b in ((1, 4) if small else (1, 24)):
-                engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=b)
-                opts = RequestOptions(strategy=strategy, draft_len=k, max_tokens=32 if small else 96)
-                engine.run([Request(schema, docs[0], opts)])  # warm-up
-                t = time.perf_counter()
-                results = engine.run([Request(schema, d, opts) for d in docs])
-                wall = time.perf_counter() - t
-                tokens = sum(r.stats.output_tokens for r in results)
-                passes = sum(r.stats.target_passes for r in results)
-                out.append({"set": set_name, "strategy": strategy, "k": k, "max_seqs": b, "documents": len(docs),
-                            "output_tokens": tokens, "tokens_per_pass": round(tokens / passes, 2) if passes else None,
-                            "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 1)})
-                del engine
+                out.append({"set": set_name, "strategy": strategy, "k": k,
+                            **timed_run(loaded, device, b, schema, docs, opts)})
     return {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype), "runs": out}
 
 
