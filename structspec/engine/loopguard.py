@@ -84,8 +84,9 @@ class LoopGuard:
                 self.in_string = not self.in_string
                 crossed = True
         if crossed or not inside:  # a token that opens or closes a string starts a new one
-            self.shapes.clear()
-            self.shape_runs = [0] * (MAX_PERIOD + 1)
+            if self.shapes:  # runs only move while shapes are recorded: nothing to reset otherwise
+                self.shapes.clear()
+                self.shape_runs = [0] * (MAX_PERIOD + 1)
             return 0
         self.shapes.append(DIGITS if data.isdigit() else token)
         return repeated(self.shapes, len(self.shapes) - 1, self.shape_runs, self.repeats)
