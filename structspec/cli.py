@@ -494,6 +494,10 @@ def add_bench_command(sub, defaults: Settings) -> None:
     top.add_argument("--max-tokens", type=int, default=384)
     top.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
     top.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
+    top.add_argument("--batch", type=int, default=1, metavar="N",
+                     help="documents handed to each system at once (default %(default)s): structspec decodes them "
+                          "together, outlines batches those of one schema, hf-prompt-lookup runs them one by one; "
+                          "the speed columns are then throughput over each group's wall clock")
     top.add_argument("--out", help="write bench.json and plots here")
     add_model_args(top)
     top.set_defaults(func=cmd_bench)

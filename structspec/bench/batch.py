@@ -50,7 +50,7 @@ import torch
 from structspec.bench import batch_report as rep
 from structspec.bench.load import Service, _count, _epoch, fire, poll_until_finished
 from structspec.bench.passes import pass_shapes
-from structspec.bench.receipts import receipts
+from structspec.bench.receipts import RECEIPT_SCHEMA, receipt_rows, receipts
 from structspec.bench.strategies import load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request, refused
@@ -61,7 +61,6 @@ from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import Selector
 
 ROOT = Path(__file__).resolve().parents[2]
-RECEIPT_SCHEMA = ROOT / "schemas" / "receipt.json"
 PARTS = "abcdef"
 RUN_ORDER = "fdceab"  # f first: its peak RSS is then the model's plus its own, not another part's
 MiB = 1024 * 1024
@@ -78,11 +77,6 @@ def shortest_rows(path: str, n: int) -> list[dict]:
     rows = load_dataset(path, sys.maxsize)
     rows.sort(key=lambda r: len(r["text"]))
     return rows[:n]
-
-
-def receipt_rows(n: int, seed: int) -> list[dict]:
-    schema = json.loads(RECEIPT_SCHEMA.read_text())
-    return [{**r, "schema": schema} for r in receipts(n, seed)]
 
 
 # --- auto in process ---------------------------------------------------------------------------

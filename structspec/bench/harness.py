@@ -11,10 +11,23 @@ tokenizes again, so its ids may differ where the text does not round-trip):
 
 Every document runs every system back to back (interleaved, the machine is noisy), and every
 figure that matters is a ratio over the same documents in the same run. End-to-end seconds
-cover the whole call: prompt, grammar, prefill and decode; structspec reuses no prefill here.
-`auto` systems pool their statistics over the dataset (DeepJSONEval gives each document its
-own schema), unlike the service, which keeps them per schema; they may warm up on the first
-`--warmup` documents, which only they run.
+cover the whole call, timed around it: prompt, grammar, prefill and decode; structspec reuses
+no prefill from earlier calls. `auto` systems pool their statistics over the dataset
+(DeepJSONEval gives each document its own schema), unlike the service, which keeps them per
+schema; they may warm up on the first `--warmup` documents, which only they run. Like the
+worker, `auto` sends its choice's acceptance curve with each request (the engine trims drafts
+that do not pay at the batch's size).
+
+`--batch N` (default 1, one document per call) hands each system N documents at once, every
+system the same N in turn, and measures throughput instead of one document's latency:
+  structspec        one Engine.run of the N requests (decoded together, up to the engine's
+                    engine_max_seqs at a time; the others join as sequences leave)
+  outlines          Generator.batch per schema: outlines constrains a batch by one output
+                    type, so documents of different schemas go in separate batches
+  hf-prompt-lookup  one at a time: transformers' prompt lookup takes a batch of one
+Each document is then charged an equal share of its group's wall clock (`cost_s`, which the
+tok/s and speedup columns use), and its latency (`e2e_s`) is the time from the group's start
+to its result.
 """
 
 from __future__ import annotations
@@ -34,7 +47,7 @@ from tqdm import tqdm
 
 from structspec.bench import percentile
 from structspec.bench.strategies import field_accuracy, load_dataset, write_report
-from structspec.engine.engine import Engine
+from structspec.engine.engine import Engine, Request
 from structspec.engine.prompt import DocumentTooLong, build_prompt
 from structspec.grammar import validate_instance
 from structspec.grammar.normalize import close_objects
@@ -52,8 +65,9 @@ class Outcome:
     valid_json: bool
     schema_valid: bool
     output_tokens: int
-    e2e_s: float
+    e2e_s: float  # latency: the call's (or the group's) start to this result
     stats: dict  # structspec's engine stats ({} for the others)
+    cost_s: float = 0.0  # this document's share of the group's wall clock (e2e_s when run alone)
 
 
 class RssPeak:
@@ -128,20 +142,42 @@ class StructspecSystem:
         self.selector = Selector(SelectorConfig())
         self.rng = random.Random(seed)
 
-    def run(self, row: dict) -> Outcome:
-        strategy, k = self.strategy, 8
+    def request(self, row: dict) -> Request:
+        """The row's request: a fixed strategy, or `auto`'s draw from what it has seen so far
+        with that choice's acceptance curve (as the worker sends it)."""
+        strategy, k, acceptance = self.strategy, 8, None
         if self.stats is not None:
-            choice = self.selector.choose(self.stats.views(self.verbatim), self.rng)
+            views = self.stats.views(self.verbatim)
+            choice = self.selector.choose(views, self.rng)
             strategy, k = choice.strategy, choice.draft_len
+            if strategy != "none":
+                acceptance = self.selector.acceptance(views, strategy, k, self.rng)
+        options = RequestOptions(strategy=strategy, draft_len=k, max_tokens=self.max_tokens, verbatim=self.verbatim)
+        return Request(row["schema"], row["text"], options, acceptance=acceptance)
+
+    def run(self, row: dict) -> Outcome:
+        return self.run_group([row])[0]
+
+    def run_group(self, rows: list[dict]) -> list[Outcome]:
+        """Every row's request decoded together (one Engine.run); `auto` draws all the group's
+        choices before it runs and learns from the results after."""
+        requests = [self.request(row) for row in rows]
         self.engine.clear_prefix_cache()  # end-to-end times include every system's own prefill
-        res = self.engine.extract(row["schema"], row["text"], RequestOptions(
-            strategy=strategy, draft_len=k, max_tokens=self.max_tokens, verbatim=self.verbatim))
-        stats = res.stats.as_dict()
-        if self.stats is not None:
-            self.stats.record(stats)
-        value, ok = (res.value, True) if res.status == "succeeded" else parse_json_answer(res.text)
-        return Outcome(res.text, value, ok, res.status == "succeeded", res.stats.output_tokens, res.stats.wall_s,
-                       stats)
+        arrived: dict[str, float] = {}
+        t0 = time.perf_counter()
+        results = self.engine.run(requests, on_result=lambda r: arrived.setdefault(r.request_id,
+                                                                                   time.perf_counter() - t0))
+        wall = time.perf_counter() - t0
+        outcomes = []
+        for res in results:
+            stats = res.stats.as_dict()
+            if self.stats is not None:
+                self.stats.record(stats)
+            succeeded = res.status == "succeeded"
+            value, ok = (res.value, True) if succeeded else parse_json_answer(res.text)
+            outcomes.append(Outcome(res.text, value, ok, succeeded, res.stats.output_tokens,
+                                    arrived[res.request_id], stats, wall / len(rows)))
+        return outcomes
 
 
 class OutlinesSystem:
@@ -154,16 +190,32 @@ class OutlinesSystem:
         self.model = outlines.from_transformers(self.loaded.model, self.loaded.tokenizer)
 
     def run(self, row: dict) -> Outcome:
+        return self.run_group([row])[0]
+
+    def run_group(self, rows: list[dict]) -> list[Outcome]:
+        """One Generator.batch per schema in `rows` (one call per document when alone)."""
         import outlines
         from outlines.types import JsonSchema
 
         tok = self.loaded.tokenizer
+        by_schema: dict[str, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_schema.setdefault(json.dumps(row["schema"], sort_keys=True), []).append(i)
+        texts: dict[int, tuple[str, float]] = {}
         t0 = time.perf_counter()
-        prompt = tok.decode(build_prompt(tok, row["schema"], row["text"], self.loaded.context_len))
-        generator = outlines.Generator(self.model, JsonSchema(json.dumps(close_objects(row["schema"]))))
-        text = generator(prompt, max_new_tokens=self.max_tokens, do_sample=False)
-        e2e = time.perf_counter() - t0
-        return _judge(text, row, len(tok.encode(text, add_special_tokens=False)), e2e)
+        for idx in by_schema.values():
+            prompts = [tok.decode(build_prompt(tok, rows[i]["schema"], rows[i]["text"], self.loaded.context_len))
+                       for i in idx]
+            generator = outlines.Generator(self.model, JsonSchema(json.dumps(close_objects(rows[idx[0]]["schema"]))))
+            if len(idx) == 1:
+                out = [generator(prompts[0], max_new_tokens=self.max_tokens, do_sample=False)]
+            else:
+                out = generator.batch(prompts, max_new_tokens=self.max_tokens, do_sample=False)
+            done = time.perf_counter() - t0
+            texts.update({i: (text, done) for i, text in zip(idx, out)})
+        wall = time.perf_counter() - t0
+        return [_judge(texts[i][0], row, len(tok.encode(texts[i][0], add_special_tokens=False)), texts[i][1],
+                       wall / len(rows)) for i, row in enumerate(rows)]
 
 
 class PromptLookupSystem:
@@ -185,13 +237,25 @@ class PromptLookupSystem:
                                  pad_token_id=tok.eos_token_id)
         new = [t for t in out[0, len(ids):].tolist() if t not in self.loaded.eos_token_ids]
         text = tok.decode(new, skip_special_tokens=True)
-        return _judge(text, row, len(new), time.perf_counter() - t0)
+        e2e = time.perf_counter() - t0
+        return _judge(text, row, len(new), e2e, e2e)
+
+    def run_group(self, rows: list[dict]) -> list[Outcome]:
+        """One document after another: transformers' prompt lookup takes a batch of one."""
+        t0, outcomes = time.perf_counter(), []
+        for row in rows:
+            res = self.run(row)
+            res.e2e_s = time.perf_counter() - t0
+            outcomes.append(res)
+        for res in outcomes:
+            res.cost_s = outcomes[-1].e2e_s / len(rows)
+        return outcomes
 
 
-def _judge(text: str, row: dict, output_tokens: int, e2e: float) -> Outcome:
+def _judge(text: str, row: dict, output_tokens: int, e2e: float, cost: float) -> Outcome:
     value, ok = parse_json_answer(text)
     valid = ok and not validate_instance(row["schema"], value)
-    return Outcome(text, value, ok, valid, output_tokens, e2e, {})
+    return Outcome(text, value, ok, valid, output_tokens, e2e, {}, cost)
 
 
 def make_systems(names: list[str], engine: Engine, max_tokens: int, seed: int) -> list:
@@ -214,6 +278,7 @@ def summarize(records: list[dict], system: str, systems: list[str]) -> dict:
     n = len(mine)
     graded = [r for r in mine.values() if r["gold_fields"]]
     e2e = [r["e2e_s"] for r in mine.values()]
+    cost = sum(r["cost_s"] for r in mine.values())
     tokens = sum(r["output_tokens"] for r in mine.values())
     st = [r["stats"] for r in mine.values() if r["stats"]]
     passes = sum(s["target_passes"] for s in st)
@@ -224,8 +289,8 @@ def summarize(records: list[dict], system: str, systems: list[str]) -> dict:
             return None
         other = {r["id"]: r for r in records if r["system"] == base}
         common = [i for i in mine if i in other]
-        mine_s = sum(mine[i]["e2e_s"] for i in common)
-        return sum(other[i]["e2e_s"] for i in common) / mine_s if mine_s else None
+        mine_s = sum(mine[i]["cost_s"] for i in common)
+        return sum(other[i]["cost_s"] for i in common) / mine_s if mine_s else None
 
     return {
         "system": system, "documents": n,
@@ -237,10 +302,11 @@ def summarize(records: list[dict], system: str, systems: list[str]) -> dict:
         "target_passes": passes if st else None,
         "tokens_per_pass": tokens / passes if passes else None,
         "decode_tok_s": sum(s["output_tokens"] for s in st) / decode_s if decode_s else None,
-        "e2e_tok_s": tokens / sum(e2e) if sum(e2e) else 0.0,
+        "e2e_tok_s": tokens / cost if cost else 0.0,
+        "documents_per_min": 60 * n / cost if cost else 0.0,
         "e2e_s_median": statistics.median(e2e) if e2e else 0.0,
         "e2e_s_p90": percentile(e2e, 90),
-        "e2e_s_total": sum(e2e),
+        "e2e_s_total": cost,
         "vs_structspec_none": ratio("structspec:none"),
         "vs_outlines": ratio("outlines"),
         "peak_mem_mib": max((r["peak_mem_mib"] for r in mine.values()), default=0.0),
@@ -252,19 +318,20 @@ def _fmt(x, spec: str, none: str = "n/a") -> str:
     return none if x is None else format(x, spec)
 
 
-def markdown_table(summaries: list[dict]) -> str:
+def markdown_table(summaries: list[dict], batch: int = 1) -> str:
+    latency = "latency" if batch > 1 else "e2e"  # from the group's start when documents share a call
     lines = ["| system | docs | valid JSON | schema-valid | field accuracy | hit max_tokens | output tokens | "
-             "target passes | tokens/pass | decode tok/s | e2e tok/s | e2e s median | e2e s p90 | "
-             "speedup vs structspec:none | speedup vs outlines | peak mem MiB |",
-             "|" + "---|" * 16]
+             f"target passes | tokens/pass | decode tok/s | e2e tok/s | documents/min | {latency} s median | "
+             f"{latency} s p90 | speedup vs structspec:none | speedup vs outlines | peak mem MiB |",
+             "|" + "---|" * 17]
     for s in summaries:
         lines.append(
             f"| {s['system']} | {s['documents']} | {s['valid_json']:.0%} | {s['schema_valid']:.0%} | "
             f"{_fmt(s['field_accuracy'], '.1%')} | {s['hit_max_tokens']} | {s['output_tokens']} | "
             f"{_fmt(s['target_passes'], 'd', 'n/a')} | {_fmt(s['tokens_per_pass'], '.2f')} | "
-            f"{_fmt(s['decode_tok_s'], '.1f')} | {s['e2e_tok_s']:.1f} | {s['e2e_s_median']:.1f} | "
-            f"{_fmt(s['e2e_s_p90'], '.1f')} | {_fmt(s['vs_structspec_none'], '.2f')}x | {_fmt(s['vs_outlines'], '.2f')}x | "
-            f"{s['peak_mem_mib']:.0f} |")
+            f"{_fmt(s['decode_tok_s'], '.1f')} | {s['e2e_tok_s']:.1f} | {s['documents_per_min']:.1f} | "
+            f"{s['e2e_s_median']:.1f} | {_fmt(s['e2e_s_p90'], '.1f')} | {_fmt(s['vs_structspec_none'], '.2f')}x | "
+            f"{_fmt(s['vs_outlines'], '.2f')}x | {s['peak_mem_mib']:.0f} |")
     return "\n".join(lines)
 
 
@@ -324,53 +391,63 @@ def plot(summaries: list[dict], records: list[dict], out: Path) -> list[Path]:
     return paths
 
 
+def fits(engine: Engine, row: dict) -> bool:
+    """Whether the row's prompt fits the model's context (a document counts for every system or
+    for none)."""
+    try:
+        build_prompt(engine.loaded.tokenizer, row["schema"], row["text"], engine.loaded.context_len)
+        return True
+    except DocumentTooLong as e:
+        print(f"skip {row.get('id')}: {e}", file=sys.stderr)
+        return False
+
+
+def record(row: dict, system: str, res: Outcome, max_tokens: int, peak_mib: float) -> dict:
+    matched, fields = field_accuracy(res.value, row["gold"]) if "gold" in row else (0, 0)
+    return {"id": row.get("id"), "system": system, "valid_json": res.valid_json, "schema_valid": res.schema_valid,
+            "output_tokens": res.output_tokens, "hit_max_tokens": res.output_tokens >= max_tokens,
+            "e2e_s": round(res.e2e_s, 4), "cost_s": round(res.cost_s, 4), "gold_matched": matched,
+            "gold_fields": fields, "peak_mem_mib": round(peak_mib, 1), "text": res.text, "stats": res.stats}
+
+
 def run_harness(args, engine: Engine) -> int:
     names = [s.strip() for s in args.systems.split(",") if s.strip()]
+    batch = getattr(args, "batch", 1)
     try:
+        if batch < 1:
+            raise ValueError(f"--batch must be at least 1, got {batch}")
         systems = make_systems(names, engine, args.max_tokens, args.seed)
         rows = load_dataset(args.dataset, args.warmup + args.limit, args.max_chars)
     except (OSError, ValueError) as e:
         print(f"structspec: error: {e}", file=sys.stderr)
         return 2
+    rows = [row for row in rows if fits(engine, row)]
     warm, measured = rows[:args.warmup], rows[args.warmup:]
+    groups = [measured[i:i + batch] for i in range(0, len(measured), batch)]
     learners = [s for s in systems if getattr(s, "stats", None) is not None]
     records: list[dict] = []
     t0 = time.perf_counter()
-    with tqdm(total=len(warm) * len(learners) + len(measured) * len(systems), desc="bench", unit="run",
+    with tqdm(total=len(warm) * len(learners) + len(measured) * len(systems), desc="bench", unit="doc",
               file=sys.stderr) as bar:
         for row in warm:
             for system in learners:
-                try:
-                    system.run(row)
-                except DocumentTooLong as e:
-                    bar.write(f"skip {row.get('id')}: {e}")
+                system.run(row)
                 bar.update(1)
-        for row in measured:
-            done = []
+        for group in groups:
             for system in systems:  # interleaved: noise hits every system alike
-                bar.set_postfix_str(f"{row.get('id')}: {system.name}")
-                try:
-                    with RssPeak(engine.loaded.device) as mem:
-                        res = system.run(row)
-                except DocumentTooLong as e:
-                    bar.write(f"skip {row.get('id')}: {e}")
-                    bar.update(len(systems) - len(done))
-                    done = []  # a document counts for every system or for none
-                    break
-                matched, fields = field_accuracy(res.value, row["gold"]) if "gold" in row else (0, 0)
-                done.append({"id": row.get("id"), "system": system.name, "valid_json": res.valid_json,
-                             "schema_valid": res.schema_valid, "output_tokens": res.output_tokens,
-                             "hit_max_tokens": res.output_tokens >= args.max_tokens, "e2e_s": round(res.e2e_s, 4),
-                             "gold_matched": matched, "gold_fields": fields, "peak_mem_mib": round(mem.peak, 1),
-                             "text": res.text, "stats": res.stats})
-                bar.update(1)
-            records += done
+                bar.set_postfix_str(f"{group[0].get('id')}{'…' if len(group) > 1 else ''}: {system.name}")
+                with RssPeak(engine.loaded.device) as mem:
+                    outcomes = system.run_group(group)
+                records += [record(row, system.name, res, args.max_tokens, mem.peak)
+                            for row, res in zip(group, outcomes)]
+                bar.update(len(group))
     summaries = [summarize(records, n, names) for n in names]
     print(f"model={engine.loaded.name} device={engine.loaded.device} max_tokens={args.max_tokens} "
-          f"warm-up={len(warm)} documents={len({r['id'] for r in records})} wall={time.perf_counter() - t0:.0f}s")
-    print(markdown_table(summaries))
+          f"batch={batch} warm-up={len(warm)} documents={len({r['id'] for r in records})} "
+          f"wall={time.perf_counter() - t0:.0f}s")
+    print(markdown_table(summaries, batch))
     if args.out:
-        path = write_report(args.out, "bench.json", {"summaries": summaries, "records": records})
+        path = write_report(args.out, "bench.json", {"batch": batch, "summaries": summaries, "records": records})
         paths = plot(summaries, records, path.parent)
         print(f"records written to {path}; plots: {', '.join(str(p) for p in paths)}")
     return 0

@@ -15,15 +15,12 @@ import json
 from pathlib import Path
 
 import structspec.engine.prompt as prompt
-from structspec.bench.receipts import receipts
+from structspec.bench.receipts import receipt_rows
 from structspec.bench.strategies import load_dataset, results_accuracy
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
 from structspec.options import RequestOptions
-
-RECEIPT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "receipt.json"
-
 
 def raw_schema_messages(schema: dict, document: str) -> list[dict[str, str]]:
     """The layout before the field list: the JSON Schema as compact JSON."""
@@ -87,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = Settings.from_env()
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir)
-    receipt_schema = json.loads(RECEIPT_SCHEMA.read_text())
-    sets = {"synthetic receipts": [{**r, "schema": receipt_schema} for r in receipts(args.receipts, seed=11)]}
+    sets = {"synthetic receipts": receipt_rows(args.receipts, seed=11)}
     if Path(args.dataset).exists():
         sets["DeepJSONEval"] = load_dataset(args.dataset, args.limit, args.max_chars)
     else:

@@ -6,11 +6,19 @@ how it was paid) with enough variety that prompt lookup and the model see differ
 every document: shop, city, currency, layout, item count, tax lines, payment wording. Each
 receipt comes with its gold value (what a perfect extraction returns), so benchmarks can grade.
 Outputs are short: 2-5 items make ~45-80 output tokens with the default model's tokenizer.
+
+`python -m structspec.bench.receipts --n 32 --out receipts.jsonl` writes them as a dataset for
+`structspec bench --dataset` ({id, schema, text, gold} per line; one schema for all).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
+from pathlib import Path
+
+RECEIPT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "receipt.json"
 
 SHOPS = [
     ("The Corner Cafe", "88 High Street, Bristol BS1 2AW", "GBP", "cafe"),
@@ -57,6 +65,12 @@ def receipts(n: int, seed: int = 0) -> list[dict]:
     """n receipts {id, text, gold}; the same (n, seed) always gives the same receipts, and the
     first m of receipts(n, seed) are receipts(m, seed)."""
     return [receipt(random.Random(f"{seed}:{i}"), f"receipt-{seed}-{i}") for i in range(n)]
+
+
+def receipt_rows(n: int, seed: int = 0) -> list[dict]:
+    """receipts(n, seed), each with schemas/receipt.json as its schema (a benchmark dataset)."""
+    schema = json.loads(RECEIPT_SCHEMA.read_text())
+    return [{**r, "schema": schema} for r in receipts(n, seed)]
 
 
 def receipt(rng: random.Random, rid: str) -> dict:
@@ -140,3 +154,22 @@ def _payment(rng: random.Random, total: float, currency: str) -> tuple[str, list
                                     f"{card} contactless ****{rng.randint(1000, 9999)}",
                                     f"Card payment ({card})"])]
     return "other", [f"Paid with: {rng.choice(OTHER_PAYMENTS)}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m structspec.bench.receipts",
+                                description="Write synthetic receipts as a JSONL dataset (one schema for all).")
+    p.add_argument("--n", type=int, default=32, help="receipts (default %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="the same seed gives the same receipts")
+    p.add_argument("--out", required=True, help="JSONL file to write")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in receipt_rows(args.n, args.seed)),
+                   encoding="utf-8")
+    print(f"{args.n} receipts written to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -10,7 +10,9 @@ import jsonschema
 import pytest
 
 from structspec.bench import batch_report as rep
+from structspec.bench.receipts import main as write_receipts
 from structspec.bench.receipts import receipts
+from structspec.bench.strategies import load_dataset
 
 SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "schemas" / "receipt.json").read_text())
 
@@ -28,6 +30,15 @@ def test_receipts_vary_in_shop_layout_and_payment():
     assert {r["gold"]["payment"] for r in rs} == {"cash", "card", "other"}
     assert len({len(r["gold"]["items"]) for r in rs}) >= 3
     assert any("Subtotal" in r["text"] for r in rs) and any("Subtotal" not in r["text"] for r in rs)
+
+
+def test_receipts_written_as_a_dataset_load_back_with_their_schema(tmp_path, capsys):
+    out = tmp_path / "sub" / "receipts.jsonl"
+    assert write_receipts(["--n", "5", "--seed", "2", "--out", str(out)]) == 0
+    assert f"5 receipts written to {out}" in capsys.readouterr().out
+    rows = load_dataset(str(out), 100)
+    assert [r["id"] for r in rows] == [r["id"] for r in receipts(5, seed=2)]
+    assert all(r["schema"] == SCHEMA and r["gold"] == g["gold"] for r, g in zip(rows, receipts(5, seed=2)))
 
 
 def test_receipt_gold_validates_and_is_printed_in_the_text():

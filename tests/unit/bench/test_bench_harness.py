@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pytest
+
 from structspec.bench.auto import run_auto_bench
 from structspec.bench.strategies import field_accuracy, run_strategy_bench
 from tests.conftest import deepjsoneval_rows
@@ -83,3 +85,46 @@ def test_comparison_harness_runs_every_system_on_two_tiny_documents(tiny_engine,
             assert json.loads(r["text"])["who"] in rows[r["id"]]["text"]
     for png in ("speedup.png", "tokens_per_pass.png", "acceptance_by_position.png"):
         assert (tmp_path / "out" / png).stat().st_size > 1000
+
+
+def test_comparison_harness_batch_mode_hands_each_system_groups_of_documents(tiny_engine, tmp_path, capsys):
+    from structspec.bench.harness import run_harness
+
+    who = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}
+    paid = {"type": "object", "properties": {"paid": {"enum": ["cash", "card"]}}, "required": ["paid"]}
+    texts = ["Ada paid by card", "Bob took cash", "Eve paid by card", "Max took cash", "Sam paid by card"]
+    rows = [{"id": i, "schema": (who, paid)[i % 2], "text": t} for i, t in enumerate(texts)]
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    systems = "structspec:none,structspec:auto,outlines,hf-prompt-lookup"
+    args = argparse.Namespace(dataset=str(path), systems=systems, limit=4, warmup=1, max_tokens=12, max_chars=0,
+                              seed=0, batch=3, out=str(tmp_path / "out"))
+    assert run_harness(args, tiny_engine) == 0
+    out = capsys.readouterr().out
+    assert "batch=3" in out and "latency s median" in out
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert data["batch"] == 3
+    for name in systems.split(","):
+        mine = [r for r in data["records"] if r["system"] == name]
+        assert [r["id"] for r in mine] == [1, 2, 3, 4]  # groups [1, 2, 3] and [4]
+        first, second = mine[:3], mine[3:]
+        # every document of a group is charged the same share of the group's wall clock, and no
+        # result arrives after the group ends
+        assert len({r["cost_s"] for r in first}) == 1 and first[0]["cost_s"] > 0
+        assert all(r["e2e_s"] <= 3 * first[0]["cost_s"] + 1e-3 for r in first)
+        assert second[0]["e2e_s"] == pytest.approx(second[0]["cost_s"], abs=0.01)  # alone: latency is its cost
+        summary = next(s for s in data["summaries"] if s["system"] == name)
+        assert summary["documents"] == 4 and summary["documents_per_min"] > 0
+    lookup = [r["e2e_s"] for r in data["records"] if r["system"] == "hf-prompt-lookup"][:3]
+    assert lookup == sorted(lookup) and lookup[0] < lookup[2]  # one after another: latencies grow
+    # auto sent its choices' acceptance curves and still decoded every document
+    assert all(r["output_tokens"] > 0 for r in data["records"] if r["system"] == "structspec:auto")
+
+
+def test_comparison_harness_refuses_a_batch_below_one(tiny_engine, tmp_path, capsys):
+    from structspec.bench.harness import run_harness
+
+    args = argparse.Namespace(dataset=write_dataset(tmp_path), systems="structspec:none", limit=1, warmup=0,
+                              max_tokens=8, max_chars=0, seed=0, batch=0, out=None)
+    assert run_harness(args, tiny_engine) == 2
+    assert "--batch must be at least 1, got 0" in capsys.readouterr().err
