@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import msgspec
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError
-from structspec.api.services.jobs import JobService, grounding
+from structspec.api.services.jobs import JobService, PollInterval, grounding
 from structspec.api.structs import JobOptions
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, JobRepository
@@ -35,7 +35,6 @@ DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
 CHAT_ENDPOINT = "/v1/chat/completions"
 KNOWN_FIELDS = {"model", "messages", "response_format", "max_tokens", "max_completion_tokens", "temperature",
                 "seed", "n", "stream", "stream_options", "user", "metadata", "store"}
-STREAM_POLL_S = 0.05
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 METADATA_LIMITS = (16, 64, 512)  # pairs, key characters, value characters (OpenAI's)
 
@@ -188,7 +187,7 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
                 **more}
 
-    finished = False
+    finished, interval, status = False, PollInterval(), None
     try:
         yield chunk({"role": "assistant", "content": ""})
         while True:
@@ -216,7 +215,8 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
                 return
             if not new:
                 yield None
-            time.sleep(STREAM_POLL_S)
+            time.sleep(interval.next(progress=bool(new) or job.status != status))
+            status = job.status
     finally:
         if not finished:  # the client went away: nobody will read this job
             jobs.cancel_quietly(job_id)
