@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-fast bench bench-strategies bench-auto bench-load bench-batch bench-kernels \
+.PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
 	bench-loopguard bench-confidence bench-quality gpu-bundle gpu-check clean
 
 install: $(STAMP)
@@ -38,6 +38,18 @@ test-fast: install
 bench: install
 	$(VENV)/bin/structspec bench --dataset ../shared/data/deepjsoneval_en.jsonl \
 		--limit 8 --warmup 4 --max-chars 4500 --max-tokens 384 --threads 1 --out bench-out
+
+# the same comparison as throughput (--batch): 16 DeepJSONEval documents in groups of 8 (each its
+# own schema, so outlines runs them one by one), then 32 synthetic receipts in groups of 16 (one
+# schema: outlines batches them). About 20 min on this 2-core CPU.
+bench-throughput: install
+	$(VENV)/bin/structspec bench --dataset ../shared/data/deepjsoneval_en.jsonl --batch 8 \
+		--systems structspec:none,structspec:auto,outlines,hf-prompt-lookup \
+		--limit 16 --warmup 4 --max-chars 4500 --max-tokens 192 --threads 1 --out bench-out/throughput-deepjsoneval
+	$(PY) -m structspec.bench.receipts --n 36 --seed 0 --out bench-out/receipts.jsonl
+	$(VENV)/bin/structspec bench --dataset bench-out/receipts.jsonl --batch 16 \
+		--systems structspec:none,structspec:auto,outlines,hf-prompt-lookup \
+		--limit 32 --warmup 4 --max-tokens 64 --threads 1 --out bench-out/throughput-receipts
 
 # drafting strategies against none, free and verbatim modes (decode time only).
 bench-strategies: install
