@@ -421,6 +421,10 @@ def run_harness(args, engine: Engine) -> int:
     except (OSError, ValueError) as e:
         print(f"structspec: error: {e}", file=sys.stderr)
         return 2
+    max_seqs = engine.scheduler.max_seqs
+    if batch > max_seqs and any(n.startswith("structspec:") for n in names):
+        print(f"note: --batch {batch} is more than engine_max_seqs {max_seqs}: structspec decodes {max_seqs} "
+              f"of a group at a time and the rest join as they finish (STRUCTSPEC_ENGINE_MAX_SEQS)", file=sys.stderr)
     rows = [row for row in rows if fits(engine, row)]
     warm, measured = rows[:args.warmup], rows[args.warmup:]
     groups = [measured[i:i + batch] for i in range(0, len(measured), batch)]
@@ -443,11 +447,12 @@ def run_harness(args, engine: Engine) -> int:
                 bar.update(len(group))
     summaries = [summarize(records, n, names) for n in names]
     print(f"model={engine.loaded.name} device={engine.loaded.device} max_tokens={args.max_tokens} "
-          f"batch={batch} warm-up={len(warm)} documents={len({r['id'] for r in records})} "
-          f"wall={time.perf_counter() - t0:.0f}s")
+          f"batch={batch} engine_max_seqs={max_seqs} warm-up={len(warm)} "
+          f"documents={len({r['id'] for r in records})} wall={time.perf_counter() - t0:.0f}s")
     print(markdown_table(summaries, batch))
     if args.out:
-        path = write_report(args.out, "bench.json", {"batch": batch, "summaries": summaries, "records": records})
+        path = write_report(args.out, "bench.json", {"batch": batch, "engine_max_seqs": max_seqs,
+                                                     "summaries": summaries, "records": records})
         paths = plot(summaries, records, path.parent)
         print(f"records written to {path}; plots: {', '.join(str(p) for p in paths)}")
     return 0

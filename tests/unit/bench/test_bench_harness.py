@@ -87,8 +87,11 @@ def test_comparison_harness_runs_every_system_on_two_tiny_documents(tiny_engine,
         assert (tmp_path / "out" / png).stat().st_size > 1000
 
 
-def test_comparison_harness_batch_mode_hands_each_system_groups_of_documents(tiny_engine, tmp_path, capsys):
+def test_comparison_harness_batch_mode_hands_each_system_groups_of_documents(tiny_engine, tmp_path, capsys,
+                                                                            monkeypatch):
     from structspec.bench.harness import run_harness
+
+    monkeypatch.setattr(tiny_engine.scheduler, "max_seqs", 2)  # a group of 3 queues its third document
 
     who = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}
     paid = {"type": "object", "properties": {"paid": {"enum": ["cash", "card"]}}, "required": ["paid"]}
@@ -100,8 +103,10 @@ def test_comparison_harness_batch_mode_hands_each_system_groups_of_documents(tin
     args = argparse.Namespace(dataset=str(path), systems=systems, limit=4, warmup=1, max_tokens=12, max_chars=0,
                               seed=0, batch=3, out=str(tmp_path / "out"))
     assert run_harness(args, tiny_engine) == 0
-    out = capsys.readouterr().out
-    assert "batch=3" in out and "latency s median" in out
+    captured = capsys.readouterr()
+    out = captured.out
+    assert "batch=3 engine_max_seqs=2" in out and "latency s median" in out
+    assert "--batch 3 is more than engine_max_seqs 2" in captured.err
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["batch"] == 3
     for name in systems.split(","):
