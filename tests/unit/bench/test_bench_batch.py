@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import pytest
 
 from structspec.bench import batch_report as rep
+from structspec.bench.receipts import RECEIPT_SCHEMA, receipts
 from structspec.bench.receipts import main as write_receipts
-from structspec.bench.receipts import receipts
 from structspec.bench.strategies import load_dataset
 
-SCHEMA = json.loads((Path(__file__).resolve().parents[3] / "schemas" / "receipt.json").read_text())
+SCHEMA = json.loads(RECEIPT_SCHEMA.read_text())
 
 
 def test_receipts_are_the_same_for_a_seed_and_differ_between_seeds():
