@@ -335,7 +335,7 @@ def markdown_table(summaries: list[dict], batch: int = 1) -> str:
     return "\n".join(lines)
 
 
-def plot(summaries: list[dict], records: list[dict], out: Path) -> list[Path]:
+def plot(summaries: list[dict], records: list[dict], out: Path, batch: int = 1) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -349,7 +349,8 @@ def plot(summaries: list[dict], records: list[dict], out: Path) -> list[Path]:
         ax.bar([i + 0.4 * j for i in range(len(names))], vals, width=0.4, label=key.replace("vs_", "speedup vs "))
     ax.axhline(1.0, color="gray", lw=0.8)
     ax.set_xticks([i + 0.2 for i in range(len(names))], names, rotation=20, ha="right")
-    ax.set_ylabel("end-to-end speedup (same documents)")
+    ax.set_ylabel("end-to-end speedup (same documents)" if batch == 1
+                  else f"throughput speedup (same documents, groups of {batch})")
     ax.legend()
     fig.tight_layout()
     paths.append(out / "speedup.png")
@@ -453,6 +454,6 @@ def run_harness(args, engine: Engine) -> int:
     if args.out:
         path = write_report(args.out, "bench.json", {"batch": batch, "engine_max_seqs": max_seqs,
                                                      "summaries": summaries, "records": records})
-        paths = plot(summaries, records, path.parent)
+        paths = plot(summaries, records, path.parent, batch)
         print(f"records written to {path}; plots: {', '.join(str(p) for p in paths)}")
     return 0
