@@ -51,7 +51,6 @@ class PollInterval:
         return self.current
 
 
-
 class JobService:
     """Jobs and batches of one tenant: another tenant's ids are unknown ids (404)."""
 
