@@ -12,16 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
-from structspec.bench.receipts import receipts
+from structspec.bench.receipts import RECEIPT_SCHEMA, receipts
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
 from structspec.options import RequestOptions
-
-SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "receipt.json"
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -32,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     settings = Settings.from_env(model=args.model)
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir)
-    schema = json.loads(SCHEMA.read_text())
+    schema = json.loads(RECEIPT_SCHEMA.read_text())
     docs = [r["text"] for r in receipts(args.docs, seed=7)]
     engines = {on: Engine(loaded, settings, engine_confidence=on) for on in (False, True)}
     opts = RequestOptions(strategy=args.strategy, draft_len=8, max_tokens=256)

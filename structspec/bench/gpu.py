@@ -418,12 +418,12 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
     """Batched `none` decode against one sequence at a time, random weights, receipts."""
     import torch
 
-    from structspec.bench.receipts import receipts
+    from structspec.bench.receipts import RECEIPT_SCHEMA, receipts
     from structspec.options import RequestOptions
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     loaded = random_model(TIMING_CONFIG, base, tok, device, dtype, small)
-    schema = json.loads((ROOT / "schemas" / "receipt.json").read_text())
+    schema = json.loads(RECEIPT_SCHEMA.read_text())
     batch_sizes = (1, 4) if small else (1, 8, 32, 64)
     docs = [r["text"] for r in receipts(2 * max(batch_sizes), seed=7)]
     opts = RequestOptions(strategy="none", draft_len=0, max_tokens=16 if small else 64)

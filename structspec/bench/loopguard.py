@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from structspec.bench.contacts import contacts
-from structspec.bench.receipts import receipts
+from structspec.bench.receipts import receipt_rows
 from structspec.bench.strategies import field_accuracy, load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
@@ -32,10 +32,8 @@ SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
 def documents(dataset: str, limit: int, max_chars: int, n_receipts: int, n_emails: int, seed: int = 11) -> list[dict]:
     contact = json.loads((SCHEMAS / "contact.json").read_text())
     contact.pop("x-structspec-verbatim", None)
-    receipt = json.loads((SCHEMAS / "receipt.json").read_text())
     rows = [{**r, "set": "deepjsoneval"} for r in load_dataset(dataset, limit, max_chars)] if limit else []
-    rows += [{**r, "schema": receipt, "set": "receipts", "id": f"receipt-{i}"}
-             for i, r in enumerate(receipts(n_receipts, seed=seed))]
+    rows += [{**r, "set": "receipts", "id": f"receipt-{i}"} for i, r in enumerate(receipt_rows(n_receipts, seed=seed))]
     rows += [{**r, "schema": contact, "set": "e-mails (free)", "id": f"e-mail-{i}"}
              for i, r in enumerate(contacts(n_emails, seed=seed))]
     return rows

@@ -22,6 +22,7 @@ from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
 from structspec.options import RequestOptions
 
+
 def raw_schema_messages(schema: dict, document: str) -> list[dict[str, str]]:
     """The layout before the field list: the JSON Schema as compact JSON."""
     raw = f"JSON Schema:\n{json.dumps(schema, separators=(',', ':'), ensure_ascii=False)}\n\nDocument:\n{document}"

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from structspec.bench.contacts import contacts
-from structspec.bench.receipts import receipts
+from structspec.bench.receipts import receipt_rows
 from structspec.bench.strategies import leaves, load_dataset, results_accuracy, write_report
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
@@ -103,9 +103,9 @@ def run_model(model: str, args) -> dict:
     settings = Settings.from_env(model=model)
     loaded = load_model(settings.model, device=settings.device, dtype=settings.dtype, cache_dir=settings.cache_dir)
     engine = Engine(loaded, settings, engine_confidence=True)
-    receipt, contact = (json.loads((SCHEMAS / name).read_text()) for name in ("receipt.json", "contact.json"))
+    contact = json.loads((SCHEMAS / "contact.json").read_text())
     sets = {"synthetic e-mails": [{**r, "schema": contact} for r in contacts(args.emails, seed=23)],
-            "synthetic receipts": [{**r, "schema": receipt} for r in receipts(args.receipts, seed=23)]}
+            "synthetic receipts": receipt_rows(args.receipts, seed=23)}
     if Path(args.dataset).exists():
         sets["DeepJSONEval"] = load_dataset(args.dataset, args.limit, args.max_chars)
     else:
