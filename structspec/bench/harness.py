@@ -155,9 +155,6 @@ class StructspecSystem:
         options = RequestOptions(strategy=strategy, draft_len=k, max_tokens=self.max_tokens, verbatim=self.verbatim)
         return Request(row["schema"], row["text"], options, acceptance=acceptance)
 
-    def run(self, row: dict) -> Outcome:
-        return self.run_group([row])[0]
-
     def run_group(self, rows: list[dict]) -> list[Outcome]:
         """Every row's request decoded together (one Engine.run); `auto` draws all the group's
         choices before it runs and learns from the results after."""
@@ -188,9 +185,6 @@ class OutlinesSystem:
 
         self.loaded, self.max_tokens = engine.loaded, max_tokens
         self.model = outlines.from_transformers(self.loaded.model, self.loaded.tokenizer)
-
-    def run(self, row: dict) -> Outcome:
-        return self.run_group([row])[0]
 
     def run_group(self, rows: list[dict]) -> list[Outcome]:
         """One Generator.batch per schema in `rows` (one call per document when alone)."""
@@ -436,7 +430,7 @@ def run_harness(args, engine: Engine) -> int:
               file=sys.stderr) as bar:
         for row in warm:
             for system in learners:
-                system.run(row)
+                system.run_group([row])
                 bar.update(1)
         for group in groups:
             for system in systems:  # interleaved: noise hits every system alike
