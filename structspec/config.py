@@ -95,6 +95,9 @@ class Settings:
     # is empty, lost its message (the API died before publishing, a broker lost it): the
     # reaper publishes it again. Duplicates are harmless (the claim is conditional).
     job_republish_after_s: int = 60
+    # Finished jobs and batches older than this many days are deleted, document and result (every
+    # worker sweeps once an hour, worker/retention.py); 0 = kept until deleted through the API.
+    job_retention_days: int = 0
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
     # POST /openai/v1/chat/completions waits this long for its job; then 504 naming the job
@@ -111,6 +114,8 @@ class Settings:
         for name in ("job_max_attempts", "job_lease_s"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"STRUCTSPEC_{name.upper()} must be at least 1, not {getattr(self, name)}")
+        if self.job_retention_days < 0:
+            raise SettingsError(f"STRUCTSPEC_JOB_RETENTION_DAYS must be 0 (keep) or more, not {self.job_retention_days}")
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()
         # keeps resolved URLs, so pass database_url/broker_url="" when replacing data_dir.
         if not self.database_url:

@@ -13,6 +13,7 @@ The reaper (every worker runs one) is what guarantees that every job ends:
     once it has had STRUCTSPEC_JOB_MAX_ATTEMPTS attempts;
   - a job still `queued` long after its message was published, while the broker's queue is
     empty, lost its message and is published again.
+It also deletes what finished longer ago than STRUCTSPEC_JOB_RETENTION_DAYS (worker/retention.py).
 It runs in each worker rather than in Celery beat: no extra process to deploy (or to lose),
 and the conditional UPDATEs let any number of reapers run at once.
 """
@@ -46,6 +47,7 @@ from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.services.strategy import InFlight, acceptance_curve, concrete_options
 from worker.app import RUN_JOBS, app, enqueue, queue_depth
 from worker.progress import PROGRESS, Pieces
+from worker.retention import PURGE_EVERY_S, purge_expired
 
 log = logging.getLogger("structspec.worker")
 
@@ -266,12 +268,12 @@ class Started:
 
 def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> Started | int:
     """Mark a held job started and build its engine request; an int (jobs stored: 0 or 1) when
-    it ends here (cancelled after the claim, or options this version cannot read)."""
+    it ends here (cancelled or deleted after the claim, or options this version cannot read)."""
     with sessions.begin() as session:
         repo = JobRepository(session)
         job = repo.held(job_id, token)
-        if job is None:  # cancelled after the claim
-            log.info("job skipped: cancelled after the claim", extra={"job_id": str(job_id)})
+        if job is None:  # cancelled or deleted after the claim
+            log.info("job skipped: cancelled or deleted after the claim", extra={"job_id": str(job_id)})
             return 0
         repo.mark_started(job_id, token)
         schema = SchemaRepository(session).get(job.schema_id, include_deleted=True).body
@@ -324,7 +326,7 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
 
 
 def finish_job(sessions, settings: Settings, job: Started, future: Future, token: str) -> int:
-    """Store a job's outcome and its stats together; 1 if stored, 0 if cancelled/taken over
+    """Store a job's outcome and its stats together; 1 if stored, 0 if cancelled, deleted or taken over
     (or the database stayed unavailable: then the job runs again after its lease)."""
     outcome = outcome_of(future, job.fields)
     if job.pieces is not None:
@@ -365,7 +367,7 @@ def log_outcome(fields: dict[str, str], outcome: dict[str, Any], duration_s: flo
     info = {**fields, "status": outcome["status"], "duration_s": duration_s,
             **{k: stats[k] for k in LOGGED_STATS if k in stats}}
     if not stored:
-        log.info("job finished but not stored (cancelled or lease lost)", extra=info)
+        log.info("job finished but not stored (cancelled, deleted or lease lost)", extra=info)
     elif outcome["status"] == "succeeded":
         log.info("job finished", extra=info)
     else:
@@ -398,7 +400,7 @@ def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any]:
 class LeaseKeeper:
     """Renews the leases held by `token` every lease/3 seconds from start() to stop(), so a long
     job is never mistaken for one whose worker died; a watched job that is no longer held
-    (cancelled through the API, or taken over) gets its callback, which stops it in the engine."""
+    (cancelled or deleted through the API, or taken over) gets its callback, which stops it in the engine."""
 
     def __init__(self, sessions, token: str, lease_s: float):
         self.sessions, self.token, self.lease_s = sessions, token, lease_s
@@ -491,7 +493,8 @@ def _ref_fields(job_id: uuid.UUID, refs: dict) -> dict[str, str]:
 
 class Reaper:
     """Runs `reap` at worker start and then every min(job_lease_s, job_republish_after_s) / 2
-    seconds (at least 1 s)."""
+    seconds (at least 1 s); and the retention sweep (worker/retention.py) at start and then
+    hourly, or at the next round after a sweep that failed."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -507,11 +510,18 @@ class Reaper:
     def _run(self) -> None:
         sessions = make_session_factory(make_engine(self.settings.database_url))
         interval = max(min(self.settings.job_lease_s, self.settings.job_republish_after_s) / 2, 1.0)
+        next_purge = 0.0
         while True:
             try:
                 reap(self.settings, sessions)
             except Exception as e:
                 log.warning("reaper round failed: %s", e)
+            if time.monotonic() >= next_purge:
+                try:
+                    purge_expired(self.settings, sessions)
+                    next_purge = time.monotonic() + PURGE_EVERY_S
+                except Exception as e:
+                    log.warning("retention sweep failed: %s", preview(e))
             if self._stop.wait(interval):
                 return
 

@@ -1,4 +1,5 @@
-"""/v1/batches: bulk submission (JSON or NDJSON), progress, ordered NDJSON results, cancel."""
+"""/v1/batches: bulk submission (JSON or NDJSON), progress, ordered NDJSON results, cancel,
+delete."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Annotated
 
 import anyio
 import msgspec
-from litestar import Controller, Request, get, post
+from litestar import Controller, Request, delete, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Reference, RequestBody, Schema
 from litestar.params import PathParameter, QueryParameter
@@ -96,6 +97,12 @@ class BatchController(Controller):
           responses=_errors(404))
     def cancel(self, batch_id: BatchId, jobs: Jobs) -> BatchRead:
         return jobs.cancel_batch(batch_id)
+
+    @delete("/{batch_id:str}", sync_to_thread=True, status_code=204,
+            summary="Delete a batch and its jobs: documents, results and stats (unfinished ones stop)",
+            description="409 for the batch behind an OpenAI-format batch.", responses=_errors(404, 409))
+    def delete_batch(self, batch_id: BatchId, jobs: Jobs) -> None:
+        jobs.delete_batch(batch_id)
 
 
 def decode_batch(body: bytes) -> BatchCreate:

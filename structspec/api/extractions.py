@@ -1,10 +1,10 @@
-"""/v1/extractions: submit one document, read the job, cancel it."""
+"""/v1/extractions: submit one document, read the job, cancel it, delete it."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
@@ -53,3 +53,9 @@ class ExtractionController(Controller):
           responses=_errors(404, 409))
     def cancel(self, job_id: JobId, jobs: Jobs) -> JobRead:
         return jobs.cancel(job_id)
+
+    @delete("/{job_id:str}", sync_to_thread=True, status_code=204,
+            summary="Delete a job: its document, result and stats (a queued or running one stops)",
+            description="A job of a batch is deleted with its batch (409 here).", responses=_errors(404, 409))
+    def delete_job(self, job_id: JobId, jobs: Jobs) -> None:
+        jobs.delete(job_id)

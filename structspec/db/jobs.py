@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from structspec.db.columns import database_now
-from structspec.db.models import BatchRecord, JobRecord, TERMINAL_STATUSES
+from structspec.db.models import BatchRecord, JobRecord, OpenAIBatchRecord, TERMINAL_STATUSES
 
 J = JobRecord
 
@@ -43,7 +43,14 @@ class JobRepository:
         return [r.id for r in records]
 
     def delete_many(self, ids: Sequence[uuid.UUID]) -> None:
+        """Delete the jobs `ids`, whatever their status: a worker running one of them stores
+        nothing (its conditional UPDATE finds no row) and its lease keeper stops it."""
         self.session.execute(sa.delete(JobRecord).where(J.id.in_(ids)))
+
+    def finished_alone_before(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:
+        """Ids of finished jobs outside any batch that finished before `cutoff` (retention)."""
+        return list(self.session.scalars(sa.select(J.id).where(
+            J.batch_id.is_(None), J.status.in_(TERMINAL_STATUSES), J.finished_at < cutoff).limit(limit)))
 
     # --- worker side -------------------------------------------------------------------------
 
@@ -238,5 +245,20 @@ class BatchRepository:
         return record
 
     def delete(self, batch_id: uuid.UUID) -> None:
+        """Delete the batch and its jobs (see JobRepository.delete_many for running ones)."""
         self.session.execute(sa.delete(JobRecord).where(J.batch_id == batch_id))
         self.session.execute(sa.delete(BatchRecord).where(BatchRecord.id == batch_id))
+
+    def openai_batch_of(self, batch_id: uuid.UUID) -> str | None:
+        """The id of the OpenAI-format batch whose requests run as this batch's jobs, if any."""
+        return self.session.scalar(sa.select(OpenAIBatchRecord.id).where(OpenAIBatchRecord.batch_id == batch_id))
+
+    def finished_before(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:
+        """Ids of batches created before `cutoff` whose jobs all finished before it, leaving out
+        those behind an OpenAI-format batch (its object reads its counts from the jobs)."""
+        B = BatchRecord
+        open_or_recent = sa.select(J.id).where(J.batch_id == B.id, sa.or_(
+            J.status.not_in(TERMINAL_STATUSES), J.finished_at.is_(None), J.finished_at >= cutoff))
+        behind_openai = sa.select(OpenAIBatchRecord.id).where(OpenAIBatchRecord.batch_id == B.id)
+        return list(self.session.scalars(sa.select(B.id).where(
+            B.created_at < cutoff, ~open_or_recent.exists(), ~behind_openai.exists()).limit(limit)))

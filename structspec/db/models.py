@@ -108,6 +108,7 @@ class JobRecord(Base):
     __table_args__ = (
         sa.Index("ix_jobs_batch_id_position", "batch_id", "position"),
         sa.Index("ix_jobs_status_lease_until", "status", "lease_until"),
+        sa.Index("ix_jobs_finished_at", "finished_at"),  # retention (worker/retention.py)
     )
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)

@@ -121,6 +121,7 @@ def test_a_second_tenant_cannot_read_list_cancel_or_delete_the_first_tenants_obj
         ("PUT", f"/v1/schemas/{sid}/strategy", {"strategy": "none"}),
         ("POST", "/v1/extractions", {"schema_id": sid, "document": "x"}),
         ("GET", f"/v1/extractions/{job}", None), ("POST", f"/v1/extractions/{job}/cancel", None),
+        ("DELETE", f"/v1/extractions/{job}", None), ("DELETE", f"/v1/batches/{batch}", None),
         ("POST", "/v1/batches", {"schema_id": sid, "documents": [{"document": "x"}]}),
         ("GET", f"/v1/batches/{batch}", None), ("GET", f"/v1/batches/{batch}/results", None),
         ("POST", f"/v1/batches/{batch}/cancel", None),

@@ -207,6 +207,35 @@ def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack):
     assert_error(stack.client.post(f"/v1/extractions/{uuid.uuid4()}/cancel"), 404)
 
 
+def test_deleting_a_running_batch_stops_its_jobs_and_the_worker_goes_on(stack):
+    """DELETE takes a batch's rows at once, running jobs included: the worker's lease keeper
+    stops them, its stores find no row, nothing comes back, and the next job runs as usual."""
+    schema_id = stack.client.post("/v1/schemas", json={"name": "long", "schema": LONG_SCHEMA}).json()["id"]
+    r = stack.client.post("/v1/batches", json={"schema_id": schema_id, "options": {"max_tokens": 96},
+                                               "documents": [{"document": f"doc {i}"} for i in range(24)]})
+    batch_id = r.json()["id"]
+    bid = uuid.UUID(batch_id)
+    key = bid.hex if "sqlite" in stack.settings.database_url else bid
+
+    def running() -> int:
+        return stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b AND status = 'running' "
+                          "AND started_at IS NOT NULL", b=key)[0][0]
+
+    poll(lambda: running() > 0, timeout=JOB_TIMEOUT, interval=0.02, what="a job of the batch running",
+         worker=stack.worker)
+    assert stack.client.delete(f"/v1/batches/{batch_id}").status_code == 204
+    assert stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b", b=key)[0][0] == 0
+    assert_error(stack.client.get(f"/v1/batches/{batch_id}"), 404)
+
+    after = stack.client.post("/v1/extractions?wait=60", json={"schema_id": stack.schema_id, "document": "d"})
+    assert after.status_code == 200 and after.json()["status"] == "succeeded", after.text
+    time.sleep(1.0)  # past a lease-keeper round (lease 3 s / 3): the worker has let go of the deleted jobs
+    assert stack.worker.proc.poll() is None, "the worker died"
+    assert stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b", b=key)[0][0] == 0
+    assert stack.client.delete(f"/v1/extractions/{after.json()['id']}").status_code == 204
+    assert_error(stack.client.get(f"/v1/extractions/{after.json()['id']}"), 404)
+
+
 # --- input errors ----------------------------------------------------------------------------
 
 # --- the command-line client (structspec submit / batch) against the same stack -------------

@@ -1,4 +1,5 @@
-"""Extraction jobs and batches: validate, store, publish to the broker, read back, cancel.
+"""Extraction jobs and batches: validate, store, publish to the broker, read back, cancel,
+delete.
 
 Submission order: the rows are committed first, then the job ids are published; if the
 broker does not take them within submit_timeout_s the rows are deleted again and the client
@@ -108,6 +109,18 @@ class JobService:
             log.info("job cancelled", extra=job_fields(job, status=job.status))
             return to_job_read(job)
 
+    def delete(self, job_id: str) -> None:
+        """Delete a job with its document and result, whatever its status (a queued or running
+        one is stopped as by a cancel); 409 for a job of a batch, which goes with its batch."""
+        with self.session_factory.begin() as session:
+            job = self._job(session, job_id)
+            if job.batch_id is not None:
+                raise ApiError(409, f"job {job.id} belongs to batch {job.batch_id}; delete the batch instead "
+                                    f"(DELETE /v1/batches/{job.batch_id})",
+                               [ErrorItem(path="id", message=f"in batch {job.batch_id}", source="path")])
+            JobRepository(session).delete_many([job.id])
+            log.info("job deleted", extra=job_fields(job, status=job.status))
+
     # --- batches -------------------------------------------------------------------------------
 
     def submit_batch_json(self, data: BatchCreate) -> BatchAccepted:
@@ -199,6 +212,23 @@ class JobService:
             if batch.cancelled_at is None:
                 batch.cancelled_at = utcnow()
         return self.get_batch(batch_id)
+
+    def delete_batch(self, batch_id: str) -> None:
+        """Delete a batch and all its jobs, documents and results; unfinished ones stop as by a
+        cancel. 409 for the batch behind an OpenAI-format batch (its object counts from them)."""
+        with self.session_factory.begin() as session:
+            batch = self._batch(session, batch_id)
+            repo = BatchRepository(session)
+            owner = repo.openai_batch_of(batch.id)
+            if owner is not None:
+                raise ApiError(409, f"batch {batch.id} runs the OpenAI-format batch {owner}, which reads its "
+                                    "requests from it; it cannot be deleted here",
+                               [ErrorItem(path="id", message=f"behind {owner}", source="path")])
+            counts, _ = JobRepository(session).counts(batch.id)
+            repo.delete(batch.id)
+            log.info("batch deleted", extra={"batch_id": str(batch.id), "schema_id": str(batch.schema_id),
+                                             "jobs": sum(counts.values()),
+                                             "unfinished": counts["queued"] + counts["running"]})
 
     def batch_results(self, batch_id: str) -> Iterator[bytes]:
         """NDJSON lines `{id, status, result | error, stats}` in input order (checked eagerly:

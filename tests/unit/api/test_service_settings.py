@@ -65,3 +65,14 @@ def test_limit_settings_come_from_the_environment_with_documented_defaults():
                            "STRUCTSPEC_GRAMMAR_MAX_SIZE": "1000", "STRUCTSPEC_DOCUMENT_TOKEN_CHECK": "off"})
     assert (s.max_schema_depth, s.rate_limit_per_minute, s.grammar_max_size, s.document_token_check) == \
         (8, 0, 1000, "off")
+
+
+def test_job_retention_defaults_to_keeping_and_refuses_a_negative_count():
+    import pytest
+
+    from structspec.config import SettingsError
+
+    assert Settings.from_env({}).job_retention_days == 0
+    assert Settings.from_env({"STRUCTSPEC_JOB_RETENTION_DAYS": "30"}).job_retention_days == 30
+    with pytest.raises(SettingsError, match="STRUCTSPEC_JOB_RETENTION_DAYS must be 0"):
+        Settings.from_env({"STRUCTSPEC_JOB_RETENTION_DAYS": "-1"})

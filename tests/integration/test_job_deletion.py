@@ -1,0 +1,172 @@
+"""Deleting jobs and batches through the API, and the retention sweep (worker/retention.py),
+on SQLite and PostgreSQL. The jobs stay queued here (no worker): deleting running ones is
+tested against a real worker in test_jobs.py."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from integration_helpers import assert_error
+from structspec.db.columns import utcnow
+from structspec.db.models import OpenAIBatchRecord
+from structspec.db.session import make_engine, make_session_factory
+from worker import retention
+from worker.retention import purge_expired
+
+SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
+
+
+@pytest.fixture
+def sessions(settings):
+    engine = make_engine(settings.database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def schema_id(client) -> str:
+    r = client.post("/v1/schemas", json={"name": "receipt", "schema": SCHEMA})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def submit(client, schema_id: str, document: str = "Total: 12.50") -> str:
+    r = client.post("/v1/extractions", json={"schema_id": schema_id, "document": document})
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def submit_batch(client, schema_id: str, n: int = 3) -> str:
+    r = client.post("/v1/batches", json={"schema_id": schema_id,
+                                         "documents": [{"document": f"Total: {i}"} for i in range(n)]})
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def job_ids(sessions, batch_id: str | None = None) -> set[str]:
+    with sessions() as s:
+        q = "SELECT id FROM jobs" + (" WHERE batch_id = :b" if batch_id else "")
+        rows = s.execute(sa.text(q), {"b": _key(s, batch_id)} if batch_id else {}).scalars()
+        return {str(uuid.UUID(str(r))) for r in rows}
+
+
+def _key(session, value: str):
+    return uuid.UUID(value).hex if session.get_bind().dialect.name == "sqlite" else uuid.UUID(value)
+
+
+def age(sessions, table: str, column: str, days: float, ids: list[str], status: str | None = None) -> None:
+    """Move `column` of rows `ids` back by `days` (and set status, for jobs)."""
+    with sessions.begin() as s:
+        for i in ids:
+            values = {column: utcnow() - timedelta(days=days)}
+            if status:
+                values["status"] = status
+            table_obj = sa.table(table, sa.column("id"), *(sa.column(c) for c in values))
+            s.execute(sa.update(table_obj).where(table_obj.c.id == _key(s, i)).values(**values))
+
+
+# --- DELETE /v1/extractions/{id}, DELETE /v1/batches/{id} ------------------------------------
+
+def test_deleting_a_job_removes_its_row_and_later_reads_are_404(client, sessions, schema_id):
+    keep, job = submit(client, schema_id), submit(client, schema_id, "Total: 99.95")
+    r = client.delete(f"/v1/extractions/{job}")
+    assert r.status_code == 204, r.text
+    assert r.content == b""
+    assert job_ids(sessions) == {keep}
+    assert "no extraction job" in assert_error(client.get(f"/v1/extractions/{job}"), 404)["detail"]
+    assert_error(client.delete(f"/v1/extractions/{job}"), 404)  # twice: gone
+    assert_error(client.post(f"/v1/extractions/{job}/cancel"), 404)
+    assert_error(client.delete("/v1/extractions/not-a-uuid"), 404)
+    assert client.get(f"/v1/extractions/{keep}").json()["status"] == "queued"
+
+
+def test_a_job_of_a_batch_is_409_naming_the_batch_and_the_batch_deletes_with_all_its_jobs(client, sessions,
+                                                                                              schema_id):
+    alone, batch, other = submit(client, schema_id), submit_batch(client, schema_id), submit_batch(client, schema_id)
+    member = sorted(job_ids(sessions, batch))[0]
+    err = assert_error(client.delete(f"/v1/extractions/{member}"), 409)
+    assert batch in err["detail"] and f"DELETE /v1/batches/{batch}" in err["detail"]
+    assert len(job_ids(sessions, batch)) == 3
+
+    r = client.delete(f"/v1/batches/{batch}")
+    assert r.status_code == 204, r.text
+    assert job_ids(sessions, batch) == set()
+    assert_error(client.get(f"/v1/batches/{batch}"), 404)
+    assert_error(client.get(f"/v1/batches/{batch}/results"), 404)
+    assert_error(client.delete(f"/v1/batches/{batch}"), 404)
+    assert job_ids(sessions) == {alone} | job_ids(sessions, other)  # nothing else went
+    assert client.get(f"/v1/batches/{other}").json()["counts"]["queued"] == 3
+
+
+def test_the_batch_behind_an_openai_format_batch_is_409(client, sessions, schema_id):
+    batch = submit_batch(client, schema_id)
+    with sessions.begin() as s:
+        s.add(OpenAIBatchRecord(id="batch_" + uuid.uuid4().hex, batch_id=uuid.UUID(batch), input_file_id="file-x",
+                                endpoint="/v1/chat/completions", completion_window="24h", status="in_progress",
+                                total=3, invalid=[], created_at=utcnow()))
+    err = assert_error(client.delete(f"/v1/batches/{batch}"), 409)
+    assert "OpenAI-format batch batch_" in err["detail"]
+    assert len(job_ids(sessions, batch)) == 3
+    with sessions.begin() as s:
+        s.execute(sa.delete(OpenAIBatchRecord))
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+def test_retention_deletes_what_finished_before_the_cutoff_and_nothing_else(client, settings, sessions, schema_id):
+    old_done, new_done, old_queued = (submit(client, schema_id) for _ in range(3))
+    age(sessions, "jobs", "finished_at", 10, [old_done], status="succeeded")
+    age(sessions, "jobs", "finished_at", 1, [new_done], status="failed")
+    age(sessions, "jobs", "created_at", 10, [old_queued])  # old, but never finished
+
+    old_batch, mixed_batch, new_batch = (submit_batch(client, schema_id) for _ in range(3))
+    age(sessions, "batches", "created_at", 10, [old_batch, mixed_batch, new_batch])
+    age(sessions, "jobs", "finished_at", 9, sorted(job_ids(sessions, old_batch)), status="cancelled")
+    mixed = sorted(job_ids(sessions, mixed_batch))
+    age(sessions, "jobs", "finished_at", 9, mixed[:2], status="succeeded")  # one still queued
+    age(sessions, "jobs", "finished_at", 2, sorted(job_ids(sessions, new_batch)), status="succeeded")
+
+    assert purge_expired(settings, sessions) == (0, 0)  # retention 0: keep everything
+    assert len(job_ids(sessions)) == 12
+
+    week = replace(settings, job_retention_days=7)
+    assert purge_expired(week, sessions) == (1, 1)
+    assert old_done not in job_ids(sessions) and job_ids(sessions, old_batch) == set()
+    assert_error(client.get(f"/v1/batches/{old_batch}"), 404)
+    assert {new_done, old_queued} <= job_ids(sessions)
+    assert len(job_ids(sessions, mixed_batch)) == 3 and len(job_ids(sessions, new_batch)) == 3
+    assert purge_expired(week, sessions) == (0, 0)  # a second sweep finds nothing more
+
+    assert purge_expired(replace(settings, job_retention_days=1), sessions) == (1, 1)  # new_done, new_batch
+    assert job_ids(sessions) == {old_queued} | set(mixed)
+
+
+def test_retention_sweeps_a_backlog_in_chunks(client, settings, sessions, schema_id, monkeypatch):
+    monkeypatch.setattr(retention, "PURGE_CHUNK", 2)
+    ids = [submit(client, schema_id) for _ in range(5)]
+    age(sessions, "jobs", "finished_at", 3, ids, status="succeeded")
+    assert purge_expired(replace(settings, job_retention_days=2), sessions) == (5, 0)
+    assert job_ids(sessions) == set()
+
+
+def test_a_workers_reaper_thread_sweeps_when_it_starts(client, settings, sessions, schema_id, monkeypatch):
+    from worker import tasks
+
+    monkeypatch.setattr(tasks, "reap", lambda *_: 0)  # the lease and republish rounds are tested elsewhere
+    job = submit(client, schema_id)
+    age(sessions, "jobs", "finished_at", 3, [job], status="succeeded")
+    reaper = tasks.Reaper(replace(settings, job_retention_days=2))
+    reaper.start()
+    try:
+        deadline = time.monotonic() + 10
+        while job in job_ids(sessions) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        reaper.stop()
+    assert job not in job_ids(sessions), "the reaper did not sweep within 10 s"
