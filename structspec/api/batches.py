@@ -1,8 +1,9 @@
-"""/v1/batches: bulk submission (JSON or NDJSON), progress, ordered NDJSON results, cancel,
-delete."""
+"""/v1/batches: bulk submission (JSON or NDJSON), list, progress, ordered NDJSON results,
+cancel, delete."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -16,10 +17,11 @@ from litestar.response import Stream
 
 from structspec.api.auth import V1_SECURITY
 from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
-from structspec.api.extractions import provide_job_service
+from structspec.api.extractions import Limit, Offset, provide_job_service
 from structspec.api.schemas import _errors
 from structspec.api.services.jobs import JobService
-from structspec.api.structs import NO_NUL, BatchAccepted, BatchCreate, BatchRead, JobOptions, option_keywords
+from structspec.api.structs import (NO_NUL, BatchAccepted, BatchCreate, BatchPage, BatchRead, JobOptions,
+                                    option_keywords)
 
 BatchId = Annotated[str, PathParameter(description="batch id (UUID)")]
 Jobs = NamedDependency[JobService]
@@ -81,6 +83,13 @@ class BatchController(Controller):
                                  max_tokens=max_tokens, verbatim=verbatim)
             return await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options)
         return await anyio.to_thread.run_sync(jobs.submit_batch_json, decode_batch(data))
+
+    @get("/", sync_to_thread=True, summary="List batches, newest first, with their counts and status",
+         responses=_errors(422))
+    def list_batches(self, jobs: Jobs, limit: Limit = 50, offset: Offset = 0,
+                     schema_id: Annotated[uuid.UUID | None, QueryParameter(description="only this schema version's")]
+                     = None) -> BatchPage:
+        return jobs.list_batches(limit=limit, offset=offset, schema_id=schema_id)
 
     @get("/{batch_id:str}", sync_to_thread=True, summary="Batch progress: counts per status",
          responses=_errors(404))

@@ -1,8 +1,9 @@
-"""/v1/extractions: submit one document, read the job, cancel it, delete it."""
+"""/v1/extractions: submit one document, list and read jobs, cancel and delete one."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import uuid
+from typing import Annotated, Literal
 
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
@@ -11,11 +12,14 @@ from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody, PathParameter, QueryParameter
 
 from structspec.api.auth import V1_SECURITY
-from structspec.api.schemas import _errors
+from structspec.api.schemas import MAX_OFFSET, _errors
 from structspec.api.services.jobs import JobService
-from structspec.api.structs import ExtractionCreate, JobAccepted, JobRead
+from structspec.api.structs import ExtractionCreate, JobAccepted, JobPage, JobRead
 
 JobId = Annotated[str, PathParameter(description="job id (UUID)")]
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Limit = Annotated[int, QueryParameter(ge=1, le=500, description="items per page")]
+Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description="items skipped")]
 Jobs = NamedDependency[JobService]
 
 
@@ -43,6 +47,15 @@ class ExtractionController(Controller):
             if job.finished_at is not None:
                 return Response(job, status_code=200)
         return Response(accepted, status_code=202)
+
+    @get("/", sync_to_thread=True, summary="List jobs, newest first (summaries: no document or result)",
+         responses=_errors(422))
+    def list_jobs(self, jobs: Jobs, limit: Limit = 50, offset: Offset = 0,
+                  status: Annotated[JobStatus | None, QueryParameter(description="only this status")] = None,
+                  batch_id: Annotated[uuid.UUID | None, QueryParameter(description="only this batch's jobs")] = None,
+                  schema_id: Annotated[uuid.UUID | None, QueryParameter(description="only this schema version's jobs")]
+                  = None) -> JobPage:
+        return jobs.list(limit=limit, offset=offset, status=status, batch_id=batch_id, schema_id=schema_id)
 
     @get("/{job_id:str}", sync_to_thread=True, summary="One job: status, result or error, stats",
          responses=_errors(404))

@@ -197,6 +197,25 @@ class BatchAccepted(msgspec.Struct, kw_only=True):
     rejected: list[Rejected]
 
 
+class JobSummary(msgspec.Struct, kw_only=True):
+    """A job in a list: no document, result or grounding (GET /v1/extractions/{id} has them)."""
+
+    id: uuid.UUID
+    status: Annotated[str, msgspec.Meta(description="queued | running | succeeded | failed | cancelled")]
+    schema_id: uuid.UUID
+    batch_id: uuid.UUID | None
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None
+
+
+class JobPage(msgspec.Struct, kw_only=True):
+    items: list[JobSummary]
+    total: int
+    limit: int
+    offset: int
+
+
 class BatchCounts(msgspec.Struct, kw_only=True):
     queued: int = 0
     running: int = 0
@@ -215,6 +234,13 @@ class BatchRead(msgspec.Struct, kw_only=True):
         description="queued | running | succeeded | failed | cancelled | partial (see docs/api.md)")]
     created_at: datetime
     finished_at: datetime | None
+
+
+class BatchPage(msgspec.Struct, kw_only=True):
+    items: list[BatchRead]
+    total: int
+    limit: int
+    offset: int
 
 
 # --- acceptance statistics ---------------------------------------------------------------------

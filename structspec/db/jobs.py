@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, load_only
 
 from structspec.db.columns import database_now
 from structspec.db.models import BatchRecord, JobRecord, OpenAIBatchRecord, TERMINAL_STATUSES
@@ -51,6 +51,20 @@ class JobRepository:
         """Ids of finished jobs outside any batch that finished before `cutoff` (retention)."""
         return list(self.session.scalars(sa.select(J.id).where(
             J.batch_id.is_(None), J.status.in_(TERMINAL_STATUSES), J.finished_at < cutoff).limit(limit)))
+
+    def page(self, tenant: str, *, limit: int, offset: int, status: str | None = None,
+             batch_id: uuid.UUID | None = None, schema_id: uuid.UUID | None = None) -> tuple[Sequence[JobRecord], int]:
+        """One page of the tenant's jobs, newest first, with only the columns of a summary (no
+        document or result), and the total count under the same filters."""
+        where = [J.tenant == tenant]
+        for column, value in ((J.status, status), (J.batch_id, batch_id), (J.schema_id, schema_id)):
+            if value is not None:
+                where.append(column == value)
+        total = self.session.scalar(sa.select(sa.func.count()).select_from(JobRecord).where(*where)) or 0
+        q = (sa.select(JobRecord).where(*where)
+             .options(load_only(J.id, J.status, J.schema_id, J.batch_id, J.error, J.created_at, J.finished_at))
+             .order_by(J.created_at.desc(), J.id.desc()).limit(limit).offset(offset))
+        return self.session.scalars(q).all(), total
 
     # --- worker side -------------------------------------------------------------------------
 
@@ -207,15 +221,21 @@ class JobRepository:
 
     def counts(self, batch_id: uuid.UUID) -> tuple[dict[str, int], datetime | None]:
         """Jobs per status, and the latest finished_at."""
-        rows = self.session.execute(sa.select(J.status, sa.func.count(), sa.func.max(J.finished_at))
-                                    .where(J.batch_id == batch_id).group_by(J.status)).all()
-        counts = {s: 0 for s in ("queued", "running", *TERMINAL_STATUSES)}
-        latest = None
-        for status, n, fin in rows:
+        return self.counts_of([batch_id])[batch_id]
+
+    def counts_of(self, batch_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[dict[str, int], datetime | None]]:
+        """{batch id: (jobs per status, the latest finished_at)} for `batch_ids`, in one query."""
+        out = {b: ({s: 0 for s in ("queued", "running", *TERMINAL_STATUSES)}, None) for b in batch_ids}
+        if not batch_ids:
+            return out
+        rows = self.session.execute(sa.select(J.batch_id, J.status, sa.func.count(), sa.func.max(J.finished_at))
+                                    .where(J.batch_id.in_(batch_ids)).group_by(J.batch_id, J.status)).all()
+        for batch_id, status, n, fin in rows:
+            counts, latest = out[batch_id]
             counts[status] = n
             if fin is not None and (latest is None or fin > latest):  # max() keeps UTCDateTime
-                latest = fin
-        return counts, latest
+                out[batch_id] = (counts, fin)
+        return out
 
     def truncated_in_batch(self, batch_id: uuid.UUID) -> int:
         """Failed jobs of the batch whose output hit max_tokens or the context (an OpenAI-format
@@ -248,6 +268,15 @@ class BatchRepository:
         """Delete the batch and its jobs (see JobRepository.delete_many for running ones)."""
         self.session.execute(sa.delete(JobRecord).where(J.batch_id == batch_id))
         self.session.execute(sa.delete(BatchRecord).where(BatchRecord.id == batch_id))
+
+    def page(self, tenant: str, *, limit: int, offset: int,
+             schema_id: uuid.UUID | None = None) -> tuple[Sequence[BatchRecord], int]:
+        """One page of the tenant's batches, newest first, and the total count."""
+        B = BatchRecord
+        where = [B.tenant == tenant] + ([B.schema_id == schema_id] if schema_id is not None else [])
+        total = self.session.scalar(sa.select(sa.func.count()).select_from(B).where(*where)) or 0
+        q = sa.select(B).where(*where).order_by(B.created_at.desc(), B.id.desc()).limit(limit).offset(offset)
+        return self.session.scalars(q).all(), total
 
     def openai_batch_of(self, batch_id: uuid.UUID) -> str | None:
         """The id of the OpenAI-format batch whose requests run as this batch's jobs, if any."""

@@ -89,6 +89,7 @@ class BatchRecord(Base):
     when read."""
 
     __tablename__ = "batches"
+    __table_args__ = (sa.Index("ix_batches_tenant_created_at", "tenant", "created_at"),)  # GET /v1/batches
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
     tenant: Mapped[str] = tenant_column()
@@ -109,6 +110,7 @@ class JobRecord(Base):
         sa.Index("ix_jobs_batch_id_position", "batch_id", "position"),
         sa.Index("ix_jobs_status_lease_until", "status", "lease_until"),
         sa.Index("ix_jobs_finished_at", "finished_at"),  # retention (worker/retention.py)
+        sa.Index("ix_jobs_tenant_created_at", "tenant", "created_at"),  # GET /v1/extractions
     )
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)

@@ -130,8 +130,9 @@ def test_a_second_tenant_cannot_read_list_cancel_or_delete_the_first_tenants_obj
         r = client.request(method, path, headers=bob, json=body)
         assert_error(r, 404)
         assert "properties" not in r.text and "12.50" not in r.text, (method, path, r.text)
-    page = client.get("/v1/schemas", headers=bob).json()
-    assert page["total"] == 0 and page["items"] == []
+    for listing in ("/v1/schemas", "/v1/extractions", f"/v1/extractions?batch_id={batch}", "/v1/batches"):
+        page = client.get(listing, headers=bob).json()
+        assert page["total"] == 0 and page["items"] == [], listing
     assert client.get("/v1/schemas?name=receipt", headers=bob).json()["total"] == 0
     r = client.post(f"/v1/batches?schema_id={sid}", headers={**bob, "content-type": "application/x-ndjson"},
                     content=b'{"document": "x"}\n')
@@ -143,6 +144,8 @@ def test_a_second_tenant_cannot_read_list_cancel_or_delete_the_first_tenants_obj
     assert client.get(f"/v1/extractions/{job}", headers=alice).json()["status"] == "queued"
     assert client.get(f"/v1/batches/{batch}", headers=alice).json()["status"] == "queued"
     assert client.get("/v1/schemas", headers=alice).json()["total"] == 1
+    assert (client.get("/v1/extractions", headers=alice).json()["total"],
+            client.get("/v1/batches", headers=alice).json()["total"]) == (2, 1)
 
 
 def test_tenants_have_their_own_names_and_versions(client, keys):

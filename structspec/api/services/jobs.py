@@ -1,5 +1,5 @@
-"""Extraction jobs and batches: validate, store, publish to the broker, read back, cancel,
-delete.
+"""Extraction jobs and batches: validate, store, publish to the broker, read back, list,
+cancel, delete.
 
 Submission order: the rows are committed first, then the job ids are published; if the
 broker does not take them within submit_timeout_s the rows are deleted again and the client
@@ -20,8 +20,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
                                    from_registry)
 from structspec.api.services.doclen import DocumentLengthChecker
-from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchRead, ExtractionCreate,
-                                    JobAccepted, JobOptions, JobRead, JobStats, JobTimings, Rejected)
+from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchPage, BatchRead, ExtractionCreate,
+                                    JobAccepted, JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings,
+                                    Rejected)
 from structspec.config import Settings
 from structspec.db.columns import utcnow
 from structspec.db.jobs import BatchRepository, JobRepository
@@ -108,6 +109,16 @@ class JobService:
             session.refresh(job)
             log.info("job cancelled", extra=job_fields(job, status=job.status))
             return to_job_read(job)
+
+    def list(self, *, limit: int, offset: int, status: str | None = None, batch_id: uuid.UUID | None = None,
+             schema_id: uuid.UUID | None = None) -> JobPage:
+        """The tenant's jobs, newest first, as summaries."""
+        with self.session_factory() as session:
+            page, total = JobRepository(session).page(self.tenant, limit=limit, offset=offset, status=status,
+                                                      batch_id=batch_id, schema_id=schema_id)
+            items = [JobSummary(id=j.id, status=j.status, schema_id=j.schema_id, batch_id=j.batch_id, error=j.error,
+                                created_at=j.created_at, finished_at=j.finished_at) for j in page]
+        return JobPage(items=items, total=total, limit=limit, offset=offset)
 
     def delete(self, job_id: str) -> None:
         """Delete a job with its document and result, whatever its status (a queued or running
@@ -202,6 +213,14 @@ class JobService:
             batch = self._batch(session, batch_id)
             counts, latest = JobRepository(session).counts(batch.id)
             return to_batch_read(batch, counts, latest)
+
+    def list_batches(self, *, limit: int, offset: int, schema_id: uuid.UUID | None = None) -> BatchPage:
+        """The tenant's batches, newest first, with their counts and status."""
+        with self.session_factory() as session:
+            page, total = BatchRepository(session).page(self.tenant, limit=limit, offset=offset, schema_id=schema_id)
+            counts = JobRepository(session).counts_of([b.id for b in page])
+            items = [to_batch_read(b, *counts[b.id]) for b in page]
+        return BatchPage(items=items, total=total, limit=limit, offset=offset)
 
     def cancel_batch(self, batch_id: str) -> BatchRead:
         with self.session_factory.begin() as session:

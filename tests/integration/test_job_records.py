@@ -1,6 +1,6 @@
-"""Deleting jobs and batches through the API, and the retention sweep (worker/retention.py),
-on SQLite and PostgreSQL. The jobs stay queued here (no worker): deleting running ones is
-tested against a real worker in test_jobs.py."""
+"""What the service keeps of jobs and batches: listing them, deleting them through the API,
+and the retention sweep (worker/retention.py), on SQLite and PostgreSQL. The jobs stay queued
+here (no worker): deleting running ones is tested against a real worker in test_jobs.py."""
 
 from __future__ import annotations
 
@@ -69,6 +69,48 @@ def age(sessions, table: str, column: str, days: float, ids: list[str], status: 
                 values["status"] = status
             table_obj = sa.table(table, sa.column("id"), *(sa.column(c) for c in values))
             s.execute(sa.update(table_obj).where(table_obj.c.id == _key(s, i)).values(**values))
+
+
+# --- GET /v1/extractions, GET /v1/batches --------------------------------------------------------
+
+def test_jobs_list_newest_first_as_summaries_filtered_and_paged(client, sessions, schema_id):
+    other = client.post("/v1/schemas", json={"name": "other", "schema": {"type": "object"}}).json()["id"]
+    first, batch = submit(client, schema_id, "Total: 1 secret-doc"), submit_batch(client, schema_id)
+    last = submit(client, other)
+    age(sessions, "jobs", "finished_at", 0, [first], status="succeeded")
+
+    page = client.get("/v1/extractions").json()
+    assert (page["total"], page["limit"], page["offset"]) == (5, 50, 0)
+    ids = [j["id"] for j in page["items"]]
+    assert ids[0] == last and ids[-1] == first and set(ids[1:4]) == job_ids(sessions, batch)
+    assert set(page["items"][0]) == {"id", "status", "schema_id", "batch_id", "error", "created_at", "finished_at"}
+    assert "secret-doc" not in client.get("/v1/extractions").text  # no documents (or results) in a list
+
+    def ids_of(query: str) -> list[str]:
+        return [j["id"] for j in client.get(f"/v1/extractions?{query}").json()["items"]]
+
+    assert ids_of("status=succeeded") == [first]
+    assert set(ids_of(f"batch_id={batch}")) == job_ids(sessions, batch)
+    assert ids_of(f"schema_id={other}") == [last]
+    assert ids_of(f"schema_id={other}&status=succeeded") == []
+    assert ids_of("limit=2") == ids[:2] and ids_of("limit=2&offset=4") == ids[4:]
+    for query, param in (("status=done", "status"), ("batch_id=12", "batch_id"), ("limit=0", "limit"),
+                         ("limit=501", "limit"), ("offset=-1", "offset")):
+        assert assert_error(client.get(f"/v1/extractions?{query}"), 422)["errors"][0]["path"] == param
+
+
+def test_batches_list_newest_first_with_counts_and_status(client, sessions, schema_id):
+    old, new = submit_batch(client, schema_id, 2), submit_batch(client, schema_id, 3)
+    age(sessions, "jobs", "finished_at", 0, sorted(job_ids(sessions, old)), status="succeeded")
+    page = client.get("/v1/batches").json()
+    assert page["total"] == 2 and [b["id"] for b in page["items"]] == [new, old]
+    assert page["items"][0]["counts"]["queued"] == 3 and page["items"][0]["status"] == "queued"
+    assert page["items"][1]["counts"]["succeeded"] == 2 and page["items"][1]["status"] == "succeeded"
+    assert page["items"][1] == client.get(f"/v1/batches/{old}").json()  # the same record as a read
+    assert [b["id"] for b in client.get("/v1/batches?limit=1&offset=1").json()["items"]] == [old]
+    assert client.get(f"/v1/batches?schema_id={uuid.uuid4()}").json() == {"items": [], "total": 0, "limit": 50,
+                                                                            "offset": 0}
+    assert_error(client.get("/v1/batches?schema_id=x"), 422)
 
 
 # --- DELETE /v1/extractions/{id}, DELETE /v1/batches/{id} ------------------------------------
