@@ -403,7 +403,8 @@ def run_client(args, work) -> int:
 
     schema = read_json_file(args.schema, "schema")
     try:
-        with Client(args.server, api_key=args.api_key or os.environ.get("STRUCTSPEC_API_KEY")) as client:
+        with Client(args.server, api_key=args.api_key or os.environ.get("STRUCTSPEC_API_KEY"),
+                    retries=args.retries) as client:
             registered = client.register(args.schema, schema)
             print(f"structspec: schema {registered['name']} v{registered['version']} ({registered['id']})",
                   file=sys.stderr, flush=True)
@@ -429,11 +430,24 @@ def cmd_batch(args) -> int:
     return run_client(args, lambda client, sid: batch(client, sid, ndjson, client_options(args)))
 
 
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, not {value}")
+    return value
+
+
 def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--schema", required=True, help="JSON Schema file (registered under its file name)")
     p.add_argument("--server", default=f"http://{defaults.host}:{defaults.port}",
                    help="base URL of `structspec serve` (default %(default)s)")
     p.add_argument("--api-key", metavar="KEY", help="API key (`structspec keys create`) [env STRUCTSPEC_API_KEY]")
+    p.add_argument("--retries", type=_non_negative, default=4, metavar="N",
+                   help="send a request again up to N times after a connection error, 429, 502, 503 or 504 "
+                        "(submissions carry an Idempotency-Key, so none runs twice; default %(default)s)")
     server = "default: the server's"
     p.add_argument("--strategy", choices=SPECS["strategy"].choices, help=option_help("strategy", server))
     p.add_argument("--draft-len", type=int, metavar="K", help=option_help("draft_len"))

@@ -4,6 +4,12 @@ Both register the schema file (by content: the same file again reuses its versio
 work, show a progress bar on stderr until every document is finished, and print results on
 stdout. `submit` prints one JSON value per succeeded document, like `extract`; `batch` prints
 the server's NDJSON result lines in input order. Either exits 1 if a document did not succeed.
+
+A request that meets a connection error, 429, 502, 503 or 504 is sent again, after the
+server's Retry-After or a doubling pause (0.5 s, 1 s, ...; at most 30 s), up to `retries`
+times, with a note on stderr. Every POST carries an Idempotency-Key that its retries repeat,
+so a submission whose reply was lost is answered with the job or batch it already created,
+never run twice (docs/api.md, "Idempotent submission").
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import json
 import re
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,15 +38,20 @@ def schema_name(path: str) -> str:
     return stem[:200]
 
 
+RETRY_STATUSES = (429, 502, 503, 504)
+MAX_PAUSE_S = 30.0
+
+
 class Client:
     def __init__(self, server: str, timeout: float = 30.0, http: httpx.Client | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, retries: int = 4, backoff_s: float = 0.5):
         """`http` replaces the connection (tests pass Litestar's TestClient, an httpx.Client);
-        `api_key` is sent as `Authorization: Bearer <key>`."""
+        `api_key` is sent as `Authorization: Bearer <key>`; `retries`: see the module's doc."""
         self.server = server.rstrip("/")
         self._own = http is None
         self.http = http or httpx.Client(base_url=self.server, timeout=timeout)
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.retries, self.backoff_s = retries, backoff_s
 
     def __enter__(self) -> "Client":
         return self
@@ -49,13 +61,29 @@ class Client:
             self.http.close()
 
     def call(self, method: str, path: str, **kw) -> Any:
-        """The decoded JSON body; a ClientError naming the server's `message` and `errors`."""
-        try:
-            headers = {**self.headers, **kw.pop("headers", {})}
-            r = self.http.request(method, path, headers=headers, **kw)
-        except httpx.TransportError as e:
-            raise ClientError(f"cannot reach the structspec server at {self.server}: {e} "
-                              f"(start one with `structspec serve`, or pass --server)") from None
+        """The decoded JSON body; a ClientError naming the server's `detail` and `errors`."""
+        headers = {**self.headers, **kw.pop("headers", {})}
+        if method == "POST":
+            headers.setdefault("idempotency-key", str(uuid.uuid4()))
+        pause = self.backoff_s
+        for attempt in range(1, self.retries + 2):
+            last = attempt > self.retries
+            try:
+                r = self.http.request(method, path, headers=headers, **kw)
+            except httpx.TransportError as e:
+                if last:
+                    raise ClientError(f"cannot reach the structspec server at {self.server}: {e} "
+                                      f"(start one with `structspec serve`, or pass --server)") from None
+                why, wait = f"cannot reach the server ({e})", pause
+            else:
+                if r.status_code not in RETRY_STATUSES or last:
+                    break
+                why, wait = f"{r.status_code} {_problem(r)}", _retry_after(r, pause)
+            wait = min(wait, MAX_PAUSE_S)
+            print(f"structspec: {method} {path}: {why}; trying again in {wait:g} s "
+                  f"(attempt {attempt + 1} of {self.retries + 1})", file=sys.stderr, flush=True)
+            time.sleep(wait)
+            pause *= 2
         if r.status_code >= 400:
             raise ClientError(f"{method} {path}: {r.status_code} {_problem(r)}")
         return r.json() if r.content else None
@@ -65,12 +93,22 @@ class Client:
 
 
 def _problem(r: httpx.Response) -> str:
+    """The API's error body as one line: its detail, then each error item's path and message."""
     try:
         body = r.json()
     except ValueError:
         return r.text[:500]
-    detail = "; ".join(f"{e.get('path') or ''} {e.get('message')}".strip() for e in body.get("errors") or [])
-    return body.get("message", "") + (f" ({detail})" if detail else "")
+    if not isinstance(body, dict):
+        return r.text[:500]
+    items = "; ".join(f"{e.get('path') or ''} {e.get('message')}".strip() for e in body.get("errors") or [])
+    return str(body.get("detail") or "") + (f" ({items})" if items else "")
+
+
+def _retry_after(r: httpx.Response, default: float) -> float:
+    try:
+        return max(float(r.headers.get("retry-after", "")), 0.0)
+    except ValueError:
+        return default
 
 
 def submit(client: Client, schema_id: str, documents: list[tuple[str, str]], options: dict[str, Any],

@@ -7,7 +7,8 @@ OpenAI-compatible chat route) once it finished before the cut-off, and a batch w
 jobs once the batch was created, and every job of it finished, before the cut-off. A batch
 behind an OpenAI-format batch is kept: that object counts its requests from the jobs (its
 output files stay until deleted through /openai/v1/files). Acceptance statistics are
-aggregates per schema and stay.
+aggregates per schema and stay. Idempotency keys of submissions (db/idempotency.py) are
+deleted a day after they were stored, whatever the retention.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import timedelta
 
 from structspec.config import Settings
 from structspec.db.columns import database_now
+from structspec.db.idempotency import purge_expired_keys
 from structspec.db.jobs import BatchRepository, JobRepository
 
 log = logging.getLogger("structspec.worker")
@@ -27,7 +29,12 @@ PURGE_CHUNK = 500  # rows per transaction, so a first sweep over a large backlog
 
 def purge_expired(settings: Settings, sessions) -> tuple[int, int]:
     """Delete what finished more than job_retention_days ago; returns (jobs, batches) deleted
-    (a batch's jobs are counted with it, not in jobs). Nothing when retention is 0."""
+    (a batch's jobs are counted with it, not in jobs). Nothing when retention is 0. Expired
+    idempotency keys go either way."""
+    while True:
+        with sessions.begin() as session:
+            if purge_expired_keys(session, PURGE_CHUNK) < PURGE_CHUNK:
+                break
     if settings.job_retention_days <= 0:
         return 0, 0
     jobs = batches = 0

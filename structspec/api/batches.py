@@ -13,13 +13,13 @@ from litestar import Controller, Request, delete, get, post
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Reference, RequestBody, Schema
 from litestar.params import PathParameter, QueryParameter
-from litestar.response import Stream
+from litestar.response import Response, Stream
 
 from structspec.api.auth import V1_SECURITY
 from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
-from structspec.api.extractions import Limit, Offset, provide_job_service
+from structspec.api.extractions import REPLAYED, IdempotencyKey, Limit, Offset, provide_job_service
 from structspec.api.schemas import _errors
-from structspec.api.services.jobs import JobService
+from structspec.api.services.jobs import Idempotency, JobService
 from structspec.api.structs import (NO_NUL, BatchAccepted, BatchCreate, BatchPage, BatchRead, JobOptions,
                                     option_keywords)
 
@@ -63,7 +63,7 @@ class BatchController(Controller):
                       "and options as query parameters. Bad entries are listed in `rejected`.",
           responses=_errors(400, 404, 413, 422, 503), operation_class=BatchSubmitOperation)
     async def submit(
-            self, request: Request, jobs: Jobs,
+            self, request: Request, jobs: Jobs, idempotency_key: IdempotencyKey = None,
             schema_id: Annotated[str | None, QueryParameter(description="schema version id (UUID); " + _OPTION)] = None,
             strategy: Annotated[str | None, QueryParameter(description=_OPTION,
                                                            schema_extra=option_keywords("strategy"))] = None,
@@ -74,15 +74,20 @@ class BatchController(Controller):
             seed: Annotated[int | None, QueryParameter(description=_OPTION)] = None,
             max_tokens: Annotated[int | None, QueryParameter(description=_OPTION,
                                                              schema_extra=option_keywords("max_tokens"))] = None,
-            verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None) -> BatchAccepted:
+            verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None) -> Response[BatchAccepted]:
         # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
         data = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        idem = Idempotency.of(idempotency_key, "POST /v1/batches", content_type.encode(),
+                              str(sorted(request.query_params.multi_items())).encode(), data)
         if content_type in (NDJSON, "application/jsonl", "application/ndjson"):
             options = JobOptions(strategy=strategy, draft_len=draft_len, temperature=temperature, seed=seed,
                                  max_tokens=max_tokens, verbatim=verbatim)
-            return await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options)
-        return await anyio.to_thread.run_sync(jobs.submit_batch_json, decode_batch(data))
+            accepted, replayed = await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options,
+                                                                idem)
+        else:
+            accepted, replayed = await anyio.to_thread.run_sync(jobs.submit_batch_json, decode_batch(data), idem)
+        return Response(accepted, status_code=202, headers=REPLAYED if replayed else None)
 
     @get("/", sync_to_thread=True, summary="List batches, newest first, with their counts and status",
          responses=_errors(422))

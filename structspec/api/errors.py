@@ -34,7 +34,7 @@ class ErrorItem(msgspec.Struct, kw_only=True):
     path: str = ""
     keyword: str | None = None  # the JSON Schema keyword at fault, for source "schema"
     message: str
-    source: str | None = None  # body | query | path | schema | database | broker | rate_limit
+    source: str | None = None  # body | query | path | header | schema | database | broker | rate_limit
 
 
 class ErrorBody(msgspec.Struct, kw_only=True):
@@ -190,6 +190,8 @@ def _item(raw: Any) -> ErrorItem:
         if m:
             parts.append(m.group(1))
         path = "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
+    elif source == "header":  # Litestar names the handler's argument: idempotency_key -> Idempotency-Key
+        path = "-".join(w.capitalize() for w in key.split("_"))
     else:
         path = key
     return ErrorItem(path=path, message=message, source=source)

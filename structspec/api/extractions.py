@@ -5,21 +5,29 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Literal
 
+import msgspec
+
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import JSONBody, PathParameter, QueryParameter
+from litestar.params import JSONBody, Parameter, PathParameter, QueryParameter
 
 from structspec.api.auth import V1_SECURITY
 from structspec.api.schemas import MAX_OFFSET, _errors
-from structspec.api.services.jobs import JobService
+from structspec.api.services.jobs import Idempotency, JobService
 from structspec.api.structs import ExtractionCreate, JobAccepted, JobPage, JobRead
 
 JobId = Annotated[str, PathParameter(description="job id (UUID)")]
+# on an answer that replays the first one given to its Idempotency-Key
+REPLAYED = {"idempotent-replayed": "true"}
 JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Limit = Annotated[int, QueryParameter(ge=1, le=500, description="items per page")]
 Offset = Annotated[int, QueryParameter(ge=0, le=MAX_OFFSET, description="items skipped")]
+IdempotencyKey = Annotated[str | None, Parameter(
+    header="idempotency-key", min_length=1, max_length=255, required=False,
+    description="any unique string (a UUID): the same submission sent again with it within 24 hours is "
+                "answered as the first was, creating nothing new; with a different request it is 422")]
 Jobs = NamedDependency[JobService]
 
 
@@ -38,15 +46,17 @@ class ExtractionController(Controller):
                       "and answers 200 with the finished job, or 202 if it is not finished by then.",
           responses={200: ResponseSpec(data_container=JobRead, description="finished within `wait`",
                                        generate_examples=False), **_errors(400, 404, 413, 422, 503)})
-    def submit(self, data: JSONBody[ExtractionCreate], jobs: Jobs,
+    def submit(self, data: JSONBody[ExtractionCreate], jobs: Jobs, idempotency_key: IdempotencyKey = None,
                # schema_extra: Litestar drops ge=0 from the document for an optional float
                wait: Annotated[float | None, QueryParameter(ge=0, le=60, schema_extra={"minimum": 0})] = None) -> Response[JobAccepted]:
-        accepted = jobs.submit(data)
+        idem = Idempotency.of(idempotency_key, "POST /v1/extractions", msgspec.json.encode(data))
+        accepted, replayed = jobs.submit(data, idem)
+        headers = REPLAYED if replayed else None
         if wait:
             job = jobs.wait(accepted.id, wait)
             if job.finished_at is not None:
-                return Response(job, status_code=200)
-        return Response(accepted, status_code=202)
+                return Response(job, status_code=200, headers=headers)
+        return Response(accepted, status_code=202, headers=headers)
 
     @get("/", sync_to_thread=True, summary="List jobs, newest first (summaries: no document or result)",
          responses=_errors(422))

@@ -152,6 +152,20 @@ class JobRecord(Base):
     finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
+class IdempotencyKeyRecord(Base):
+    """A submission's Idempotency-Key (POST /v1/extractions, POST /v1/batches): the request's
+    fingerprint and the answer it got, replayed to a repeat of the request for a day
+    (db/idempotency.py). Written in the transaction that stores the jobs."""
+
+    __tablename__ = "idempotency_keys"
+
+    tenant: Mapped[str] = mapped_column(sa.String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(sa.String(255), primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(sa.String(64))  # sha256 of the route and the request
+    response: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, index=True)
+
+
 # --- the OpenAI-compatible Files and Batches (structspec/api/openai.py) ----------------------
 
 class FileRecord(Base):

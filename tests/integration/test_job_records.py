@@ -212,3 +212,102 @@ def test_a_workers_reaper_thread_sweeps_when_it_starts(client, settings, session
     finally:
         reaper.stop()
     assert job not in job_ids(sessions), "the reaper did not sweep within 10 s"
+
+
+# --- Idempotency-Key ------------------------------------------------------------------------------
+
+def key_count(sessions) -> int:
+    with sessions() as s:
+        return s.scalar(sa.text("SELECT count(*) FROM idempotency_keys"))
+
+
+def test_a_submission_repeated_with_its_key_gets_the_first_answer_and_creates_nothing(client, sessions, schema_id):
+    one = {"schema_id": schema_id, "document": "Total: 4.20"}
+    first = client.post("/v1/extractions", json=one, headers={"idempotency-key": "job-1"})
+    again = client.post("/v1/extractions", json=one, headers={"idempotency-key": "job-1"})
+    assert first.status_code == again.status_code == 202
+    assert "idempotent-replayed" not in first.headers and again.headers["idempotent-replayed"] == "true"
+    assert again.json() == first.json() and job_ids(sessions) == {first.json()["id"]}
+    other = client.post("/v1/extractions", json=one, headers={"idempotency-key": "job-2"})
+    plain = client.post("/v1/extractions", json=one)
+    assert len({first.json()["id"], other.json()["id"], plain.json()["id"]}) == 3  # new key, no key: new jobs
+
+    docs = {"schema_id": schema_id, "documents": [{"document": "a"}, {"document": 7}]}
+    b1 = client.post("/v1/batches", json=docs, headers={"idempotency-key": "batch-1"})
+    b2 = client.post("/v1/batches", json=docs, headers={"idempotency-key": "batch-1"})
+    assert b1.status_code == b2.status_code == 202 and b2.headers["idempotent-replayed"] == "true"
+    assert b2.json() == b1.json() and b1.json()["rejected"][0]["line"] == 2  # the same answer, rejections too
+    ndjson = {"idempotency-key": "batch-2", "content-type": "application/x-ndjson"}
+    n1 = client.post(f"/v1/batches?schema_id={schema_id}&max_tokens=64", content=b'{"document": "x"}\n',
+                     headers=ndjson)
+    n2 = client.post(f"/v1/batches?schema_id={schema_id}&max_tokens=64", content=b'{"document": "x"}\n',
+                     headers=ndjson)
+    assert n1.status_code == 202 and n2.json() == n1.json() and n2.headers["idempotent-replayed"] == "true"
+    assert client.get("/v1/batches").json()["total"] == 2 and len(job_ids(sessions)) == 3 + 1 + 1
+    assert key_count(sessions) == 4
+
+
+def test_the_same_key_with_another_request_is_422_naming_the_header(client, sessions, schema_id):
+    body = {"schema_id": schema_id, "document": "Total: 1"}
+    assert client.post("/v1/extractions", json=body, headers={"idempotency-key": "k"}).status_code == 202
+    cases = [("/v1/extractions", {"json": {**body, "document": "Total: 2"}}),
+             ("/v1/extractions", {"json": {**body, "options": {"max_tokens": 10}}}),
+             ("/v1/batches", {"json": {"schema_id": schema_id, "documents": [{"document": "Total: 1"}]}})]
+    for path, request in cases:
+        err = assert_error(client.post(path, headers={"idempotency-key": "k"}, **request), 422)
+        assert err["errors"] == [{"path": "Idempotency-Key", "keyword": None, "message": "reused with a different "
+                                  "request", "source": "header"}]
+        assert "'k' was used in the last 24 hours for a different request" in err["detail"]
+    for bad in ("", "x" * 256):
+        err = assert_error(client.post("/v1/extractions", json=body, headers={"idempotency-key": bad}), 422)
+        assert err["errors"][0]["path"] == "Idempotency-Key" and err["errors"][0]["source"] == "header"
+    assert len(job_ids(sessions)) == 1
+
+
+def test_a_key_is_per_tenant_and_forgotten_after_a_day(client, settings, sessions, schema_id):
+    from structspec.services.keys import create_key
+
+    body = {"schema_id": schema_id, "document": "Total: 1"}
+    first = client.post("/v1/extractions", json=body, headers={"idempotency-key": "daily"}).json()["id"]
+    with sessions.begin() as s:
+        s.execute(sa.text("UPDATE idempotency_keys SET created_at = :t"), {"t": utcnow() - timedelta(hours=25)})
+    later = client.post("/v1/extractions", json=body, headers={"idempotency-key": "daily"})
+    assert later.status_code == 202 and "idempotent-replayed" not in later.headers
+    assert later.json()["id"] != first and key_count(sessions) == 1  # the old key was replaced
+
+    with sessions.begin() as s:  # a day-old key is swept by the workers whatever the retention
+        s.execute(sa.text("UPDATE idempotency_keys SET created_at = :t"), {"t": utcnow() - timedelta(hours=25)})
+    assert purge_expired(settings, sessions) == (0, 0) and key_count(sessions) == 0
+
+    _, alice = create_key(client.app.state.session_factory, "a", "alice")
+    _, bob = create_key(client.app.state.session_factory, "b", "bob")
+    ids = []
+    for key in (alice, bob):
+        auth = {"authorization": f"Bearer {key}", "idempotency-key": "shared"}
+        sid = client.post("/v1/schemas", headers=auth, json={"name": "r", "schema": SCHEMA}).json()["id"]
+        r = client.post("/v1/extractions", headers=auth, json={"schema_id": sid, "document": "d"})
+        assert r.status_code == 202 and "idempotent-replayed" not in r.headers, r.text
+        ids.append(r.json()["id"])
+    assert ids[0] != ids[1]
+
+
+def test_concurrent_first_submissions_with_one_key_store_one_job_and_answer_alike(client, sessions, schema_id):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from structspec.api.services.jobs import Idempotency, JobService
+    from structspec.api.structs import ExtractionCreate
+
+    state = client.app.state
+    data = ExtractionCreate(schema_id=schema_id, document="Total: 3")
+    idem = Idempotency.of("race", "POST /v1/extractions", b"same request")
+    barrier = __import__("threading").Barrier(4)
+
+    def submit_one(_):
+        service = JobService(state.session_factory, state.settings, state.publisher)
+        barrier.wait()
+        return service.submit(data, idem)
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(submit_one, range(4)))
+    assert len({a.id for a, _ in answers}) == 1 and len(job_ids(sessions)) == 1
+    assert sorted(replayed for _, replayed in answers) == [False, True, True, True]

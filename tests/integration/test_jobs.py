@@ -267,7 +267,8 @@ def test_client_submit_prints_each_result_and_batch_streams_results(stack, tmp_p
 def test_client_reports_an_unreachable_server_and_api_errors_in_one_line():
     from structspec.client import Client, ClientError
 
-    with Client("http://127.0.0.1:1") as client, pytest.raises(ClientError, match="cannot reach the structspec server"):
+    with Client("http://127.0.0.1:1", retries=0) as client, \
+            pytest.raises(ClientError, match="cannot reach the structspec server"):
         client.register("s.json", TINY_SCHEMA)
 
 
@@ -355,17 +356,24 @@ def test_api_token_count_equals_the_workers_prompt(tiny_model):
 
 
 def test_broker_unreachable_at_submit_is_503_and_stores_nothing(stack):
-    before = stack.rows("SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches)")[0]
+    counts = "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches), (SELECT count(*) FROM idempotency_keys)"
+    before = stack.rows(counts)[0]
     down = replace(stack.settings, broker_url="redis://127.0.0.1:1/0", submit_timeout_s=2)
+    one = {"schema_id": stack.schema_id, "document": "d"}
+    key = {"idempotency-key": f"retry-me-{uuid.uuid4()}"}
     with TestClient(create_app(down), raise_server_exceptions=False) as c:
         t0 = time.monotonic()
-        r = c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d"})
+        r = c.post("/v1/extractions", json=one, headers=key)
         err = assert_error(r, 503)
         assert time.monotonic() - t0 < 10
         assert err["errors"][0]["source"] == "broker"
         assert_error(c.post("/v1/batches", json={"schema_id": stack.schema_id,
                                                  "documents": [{"document": "a"}, {"document": "b"}]}), 503)
-    assert stack.rows("SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches)")[0] == before
+    assert stack.rows(counts)[0] == before  # no job, batch or key
+    # the client's retry with the same key, once the broker is back, runs the job (once)
+    again = stack.client.post("/v1/extractions?wait=30", json=one, headers=key)
+    assert again.status_code == 200 and "idempotent-replayed" not in again.headers, again.text
+    assert again.json()["status"] == "succeeded"
 
 
 # --- lost and duplicated messages ---------------------------------------------------------

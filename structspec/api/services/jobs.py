@@ -9,12 +9,15 @@ and publish would leave jobs queued with no message: the one gap, see docs/api.m
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 import uuid
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
 import msgspec
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
@@ -25,6 +28,7 @@ from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, Bat
                                     Rejected)
 from structspec.config import Settings
 from structspec.db.columns import utcnow
+from structspec.db.idempotency import IdempotencyRepository
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
 from structspec.db.repositories import SchemaRepository
@@ -53,6 +57,24 @@ class PollInterval:
         return self.current
 
 
+@dataclass(frozen=True)
+class Idempotency:
+    """A submission's Idempotency-Key header and the fingerprint of its request (route and
+    content): the same key with another request is refused, never answered with old jobs."""
+
+    key: str
+    fingerprint: str
+
+    @classmethod
+    def of(cls, key: str | None, route: str, *parts: bytes) -> "Idempotency | None":
+        if key is None:
+            return None
+        digest = hashlib.sha256(route.encode())
+        for part in parts:
+            digest.update(len(part).to_bytes(8, "big") + part)
+        return cls(key, digest.hexdigest())
+
+
 class JobService:
     """Jobs and batches of one tenant: another tenant's ids are unknown ids (404)."""
 
@@ -66,28 +88,79 @@ class JobService:
 
     # --- single extractions --------------------------------------------------------------------
 
-    def submit(self, data: ExtractionCreate) -> JobAccepted:
+    def submit(self, data: ExtractionCreate, idem: Idempotency | None = None) -> tuple[JobAccepted, bool]:
+        """The queued job, and whether this answer replays an earlier submission's (`idem`)."""
+        if (first := self.replay(idem)) is not None:
+            return msgspec.convert(first, JobAccepted), True
         schema_id = self.resolve_schema(data.schema_id, data.schema)
         self.check_document(data.document, "/document")
         options = self.request_options(data.options)
         [too_long] = self._token_problems(schema_id, [data.document])
         if too_long:
             raise UnprocessableError(too_long, [ErrorItem(path="/document", message=too_long, source="body")])
-        return JobAccepted(id=self._queue_one(schema_id, data.document, options), status="queued")
+        answer, replayed = self._queue_one(schema_id, data.document, options, idem=idem)
+        return msgspec.convert(answer, JobAccepted), replayed
 
     def _queue_one(self, schema_id: uuid.UUID, document: str, options: RequestOptions,
-                   messages: list[dict[str, str]] | None = None, stream: bool = False) -> uuid.UUID:
-        """Store one queued job and publish it (deleted again if the broker is down)."""
-        with self.session_factory.begin() as session:
+                   messages: list[dict[str, str]] | None = None, stream: bool = False,
+                   idem: Idempotency | None = None) -> tuple[dict[str, Any], bool]:
+        """Store one queued job and publish it (deleted again if the broker is down); returns
+        the answer {id, status} and whether it is a concurrent first submission's (`idem`)."""
+        def write(session: Session) -> dict[str, Any]:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
                                                              document=document, messages=messages,
                                                              options=options.as_dict(), stream=stream)])
-        self.publish([job_id], undo=lambda s: JobRepository(s).delete_many([job_id]),
+            return {"id": str(job_id), "status": "queued"}
+
+        answer, replayed = self._store_once(idem, write)
+        if replayed:
+            return answer, True
+        job_id = uuid.UUID(answer["id"])
+        self.publish([job_id], undo=lambda s: (JobRepository(s).delete_many([job_id]), self._forget(s, idem)),
                      what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
                                          "strategy": options.strategy, "document_chars": len(document),
                                          **({"chat": True} if messages is not None else {})})
-        return job_id
+        return answer, False
+
+    def replay(self, idem: Idempotency | None) -> dict[str, Any] | None:
+        """The answer stored for `idem`'s key within the last day, or None; 422 when that key
+        came with a different request."""
+        if idem is None:
+            return None
+        with self.session_factory.begin() as session:
+            first = IdempotencyRepository(session, self.tenant).live(idem.key)
+            if first is None:
+                return None
+            if first.fingerprint != idem.fingerprint:
+                raise UnprocessableError(
+                    f"Idempotency-Key {idem.key!r} was used in the last 24 hours for a different request; "
+                    "send a new key with a new request",
+                    [ErrorItem(path="Idempotency-Key", message="reused with a different request", source="header")])
+            log.info("submission replayed", extra={"idempotency_key": preview(idem.key, 80), "tenant": self.tenant,
+                                                   **{k: first.response[k] for k in ("id",) if k in first.response}})
+            return first.response
+
+    def _store_once(self, idem: Idempotency | None,
+                    write: Callable[[Session], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+        """Run `write` (it stores rows and returns the answer) in one transaction with `idem`'s
+        key: (answer, False); or, when a concurrent request with the same key stored its rows
+        first, nothing is stored and its answer comes back: (answer, True)."""
+        try:
+            with self.session_factory.begin() as session:
+                answer = write(session)
+                if idem is not None:
+                    IdempotencyRepository(session, self.tenant).add(idem.key, idem.fingerprint, answer)
+            return answer, False
+        except IntegrityError:
+            if idem is None or (first := self.replay(idem)) is None:
+                raise
+            return first, True
+
+    def _forget(self, session: Session, idem: Idempotency | None) -> None:
+        """Undo part of a submission the broker did not take: its key goes with its jobs."""
+        if idem is not None:
+            IdempotencyRepository(session, self.tenant).delete(idem.key)
 
     def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
         """The job once finished, or as it is after `seconds`."""
@@ -134,11 +207,13 @@ class JobService:
 
     # --- batches -------------------------------------------------------------------------------
 
-    def submit_batch_json(self, data: BatchCreate) -> BatchAccepted:
+    def submit_batch_json(self, data: BatchCreate, idem: Idempotency | None = None) -> tuple[BatchAccepted, bool]:
+        """The stored batch, and whether this answer replays an earlier submission's (`idem`)."""
         entries = [(i + 1, raw, None) for i, raw in enumerate(data.documents)]
-        return self._submit_batch(data.schema_id, data.options, entries, where="/documents/{i}")
+        return self._submit_batch(data.schema_id, data.options, entries, where="/documents/{i}", idem=idem)
 
-    def submit_batch_ndjson(self, body: bytes, schema_id: str | None, options: JobOptions) -> BatchAccepted:
+    def submit_batch_ndjson(self, body: bytes, schema_id: str | None, options: JobOptions,
+                            idem: Idempotency | None = None) -> tuple[BatchAccepted, bool]:
         if not schema_id:
             raise UnprocessableError("query parameter schema_id is required for an NDJSON batch",
                                      [ErrorItem(path="schema_id", message="missing", source="query")])
@@ -150,10 +225,13 @@ class JobService:
                 entries.append((n, msgspec.json.decode(line), None))
             except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
                 entries.append((n, None, f"not valid JSON: {e}"))
-        return self._submit_batch(schema_id, options, entries, where="line {n}")
+        return self._submit_batch(schema_id, options, entries, where="line {n}", idem=idem)
 
     def _submit_batch(self, schema_id_text: str, options_in: JobOptions | None,
-                      entries: list[tuple[int, Any, str | None]], where: str) -> BatchAccepted:
+                      entries: list[tuple[int, Any, str | None]], where: str,
+                      idem: Idempotency | None) -> tuple[BatchAccepted, bool]:
+        if (first := self.replay(idem)) is not None:
+            return msgspec.convert(first, BatchAccepted), True
         limit = self.settings.max_batch_size
         if len(entries) > limit:
             raise PayloadTooLargeError(
@@ -178,18 +256,26 @@ class JobService:
             raise UnprocessableError("no valid document in the batch", [
                 ErrorItem(path=where.format(i=r.line - 1, n=r.line), message=r.message, source="body")
                 for r in rejected[:100]])
-        with self.session_factory.begin() as session:
+        ids: list[uuid.UUID] = []
+
+        def write(session: Session) -> dict[str, Any]:
             batch = BatchRepository(session).add(tenant=self.tenant, schema_id=schema_id, total=len(rows),
                                                  options=stored)
             for row in rows:
                 row["batch_id"] = batch.id
-            ids = JobRepository(session).add_many(rows)
-        self.publish(ids, undo=lambda s: BatchRepository(s).delete(batch.id),
-                     what={"batch_id": batch.id, "schema_id": schema_id})
-        log.info("batch submitted", extra={"batch_id": str(batch.id), "schema_id": str(schema_id),
+            ids[:] = JobRepository(session).add_many(rows)
+            return msgspec.to_builtins(BatchAccepted(id=batch.id, total=len(rows), rejected=rejected))
+
+        answer, replayed = self._store_once(idem, write)
+        accepted = msgspec.convert(answer, BatchAccepted)
+        if replayed:
+            return accepted, True
+        self.publish(ids, undo=lambda s: (BatchRepository(s).delete(accepted.id), self._forget(s, idem)),
+                     what={"batch_id": accepted.id, "schema_id": schema_id})
+        log.info("batch submitted", extra={"batch_id": str(accepted.id), "schema_id": str(schema_id),
                                            "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),
                                            "rejected": len(rejected)})
-        return BatchAccepted(id=batch.id, total=len(rows), rejected=rejected)
+        return accepted, False
 
     def _entry_problem(self, raw: Any) -> str | None:
         if not isinstance(raw, dict):
@@ -292,7 +378,8 @@ class JobService:
 
         text = messages_text(messages)
         self.check_document(text, "/messages")
-        return self._queue_one(schema_id, text, options, messages, stream)
+        answer, _ = self._queue_one(schema_id, text, options, messages, stream)
+        return uuid.UUID(answer["id"])
 
     def record(self, job_id: uuid.UUID) -> JobRecord:
         """The job's row as it is now."""

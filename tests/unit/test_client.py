@@ -1,0 +1,91 @@
+"""The command-line client's HTTP behaviour (structspec/client.py) against a scripted server
+(httpx.MockTransport): retries, the Idempotency-Key its retries repeat, and error lines."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from structspec import client as client_module
+from structspec.client import Client, ClientError
+
+
+def scripted(*answers):
+    """A transport answering each request with the next of `answers` (an httpx.Response, or an
+    exception to raise), recording the requests."""
+    seen: list[httpx.Request] = []
+    queue = list(answers)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        answer = queue.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return httpx.Client(base_url="http://server", transport=httpx.MockTransport(handle)), seen
+
+
+def error(status: int, detail: str, headers: dict | None = None) -> httpx.Response:
+    return httpx.Response(status, json={"status_code": status, "detail": detail, "errors": []}, headers=headers)
+
+
+@pytest.fixture(autouse=True)
+def no_sleep(monkeypatch):
+    pauses: list[float] = []
+    monkeypatch.setattr(client_module.time, "sleep", pauses.append)
+    return pauses
+
+
+def test_a_post_is_retried_through_lost_connections_and_503_with_one_idempotency_key(no_sleep, capsys):
+    http, seen = scripted(httpx.ConnectError("refused"), error(503, "the database is unavailable; retry later",
+                                                                 {"retry-after": "5"}),
+                          httpx.Response(202, json={"id": "j1", "status": "queued"}))
+    with Client("http://server", http=http) as c:
+        assert c.call("POST", "/v1/extractions", json={"document": "d"}) == {"id": "j1", "status": "queued"}
+    keys = {r.headers["idempotency-key"] for r in seen}
+    assert len(seen) == 3 and len(keys) == 1 and len(keys.pop()) == 36
+    assert no_sleep == [0.5, 5.0]  # doubling pause, then the server's Retry-After
+    err = capsys.readouterr().err
+    assert "cannot reach the server" in err and "trying again in 0.5 s (attempt 2 of 5)" in err
+    assert "503 the database is unavailable; retry later; trying again in 5 s (attempt 3 of 5)" in err
+
+
+def test_each_post_has_its_own_key_and_gets_are_sent_without_one():
+    http, seen = scripted(*(httpx.Response(202, json={}) for _ in range(3)))
+    with Client("http://server", http=http) as c:
+        c.call("POST", "/v1/extractions", json={})
+        c.call("POST", "/v1/extractions", json={})
+        c.call("GET", "/v1/extractions/x")
+    assert seen[0].headers["idempotency-key"] != seen[1].headers["idempotency-key"]
+    assert "idempotency-key" not in seen[2].headers
+
+
+def test_retries_end_with_the_last_answer_named(no_sleep):
+    http, seen = scripted(*(error(429, "too many requests", {"retry-after": "120"}) for _ in range(3)))
+    with Client("http://server", http=http, retries=2) as c, pytest.raises(ClientError) as e:
+        c.call("GET", "/v1/batches/b")
+    assert len(seen) == 3 and no_sleep == [30.0, 30.0]  # Retry-After capped at 30 s
+    assert str(e.value) == "GET /v1/batches/b: 429 too many requests"
+
+
+def test_a_client_error_is_not_retried_and_names_the_detail_and_items(no_sleep):
+    body = {"status_code": 422, "detail": "invalid option: draft_len",
+            "errors": [{"path": "/options/draft_len", "message": "must be at most 64", "keyword": None,
+                        "source": "body"}]}
+    http, seen = scripted(httpx.Response(422, json=body), error(404, "no schema with id 5"))
+    with Client("http://server", http=http) as c:
+        with pytest.raises(ClientError, match=r"^POST /v1/extractions: 422 invalid option: draft_len "
+                                              r"\(/options/draft_len must be at most 64\)$"):
+            c.call("POST", "/v1/extractions", json={})
+        with pytest.raises(ClientError, match=r"^GET /v1/schemas/5: 404 no schema with id 5$"):
+            c.call("GET", "/v1/schemas/5")
+    assert len(seen) == 2 and no_sleep == []
+
+
+def test_an_unreachable_server_is_named_after_the_retries(no_sleep):
+    http, seen = scripted(*(httpx.ConnectError("refused") for _ in range(2)))
+    with Client("http://server", http=http, retries=1) as c, pytest.raises(ClientError,
+                                                                        match="cannot reach the structspec server"):
+        c.call("GET", "/v1/schemas")
+    assert len(seen) == 2 and no_sleep == [0.5]
