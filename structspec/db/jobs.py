@@ -66,6 +66,15 @@ class JobRepository:
              .order_by(J.created_at.desc(), J.id.desc()).limit(limit).offset(offset))
         return self.session.scalars(q).all(), total
 
+    def backlog(self) -> dict[str, tuple[int, datetime | None]]:
+        """{"queued" | "running": (jobs, the oldest one's created_at)}, over every tenant (/metrics)."""
+        out: dict[str, tuple[int, datetime | None]] = {"queued": (0, None), "running": (0, None)}
+        rows = self.session.execute(sa.select(J.status, sa.func.count(), sa.func.min(J.created_at))
+                                    .where(J.status.in_(tuple(out))).group_by(J.status)).all()
+        for status, n, oldest in rows:
+            out[status] = (n, oldest)
+        return out
+
     # --- worker side -------------------------------------------------------------------------
 
     def claim(self, ids: Sequence[uuid.UUID], token: str, lease_s: float) -> list[uuid.UUID]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from structspec.stats.aggregate import LATENCY_BUCKETS
 
@@ -31,10 +31,19 @@ COUNTERS = (  # (metric name without _total, row field, help)
 class _Snapshot:
     """A prometheus_client collector over rows read once per scrape."""
 
-    def __init__(self, rows: Sequence):
-        self.rows = rows
+    def __init__(self, rows: Sequence, backlog: dict[str, tuple[int, float]]):
+        self.rows, self.backlog = rows, backlog
 
     def collect(self) -> Iterable:
+        jobs = GaugeMetricFamily("structspec_jobs", "Jobs queued or running now (every tenant)", labels=["status"])
+        age = GaugeMetricFamily("structspec_oldest_job_age_seconds",
+                                "Seconds since the oldest queued or running job was submitted (0: none)",
+                                labels=["status"])
+        for status, (n, age_s) in self.backlog.items():
+            jobs.add_metric([status], n)
+            age.add_metric([status], age_s)
+        yield jobs
+        yield age
         labels = ["schema_id", "schema", "version", "strategy"]
         groups: dict[tuple, dict] = {}
         for r in self.rows:  # sum over draft lengths: labels are (schema, strategy)
@@ -72,8 +81,9 @@ def _fmt(x: float) -> str:
     return repr(float(x))
 
 
-def render(rows: Sequence) -> bytes:
-    """Prometheus text format for StatsRepository.metric_rows()."""
+def render(rows: Sequence, backlog: dict[str, tuple[int, float]]) -> bytes:
+    """Prometheus text format for StatsRepository.metric_rows() and the job backlog
+    ({status: (jobs, age of the oldest in seconds)})."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(rows))
+    registry.register(_Snapshot(rows, backlog))
     return generate_latest(registry)

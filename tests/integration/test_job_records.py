@@ -113,6 +113,27 @@ def test_batches_list_newest_first_with_counts_and_status(client, sessions, sche
     assert_error(client.get("/v1/batches?schema_id=x"), 422)
 
 
+def test_metrics_count_the_backlog_and_the_age_of_its_oldest_job(client, sessions, schema_id):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def gauges() -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels["status"]): s.value
+                for family in text_string_to_metric_families(client.get("/metrics").text) for s in family.samples
+                if s.name in ("structspec_jobs", "structspec_oldest_job_age_seconds")}
+
+    assert gauges() == {("structspec_jobs", "queued"): 0, ("structspec_jobs", "running"): 0,
+                        ("structspec_oldest_job_age_seconds", "queued"): 0,
+                        ("structspec_oldest_job_age_seconds", "running"): 0}
+    old, new, running, done = (submit(client, schema_id) for _ in range(4))
+    age(sessions, "jobs", "created_at", 300 / 86400, [old])
+    age(sessions, "jobs", "created_at", 60 / 86400, [running], status="running")
+    age(sessions, "jobs", "finished_at", 0, [done], status="succeeded")
+    g = gauges()
+    assert (g[("structspec_jobs", "queued")], g[("structspec_jobs", "running")]) == (2, 1)
+    assert 300 <= g[("structspec_oldest_job_age_seconds", "queued")] < 360
+    assert 60 <= g[("structspec_oldest_job_age_seconds", "running")] < 120
+
+
 # --- DELETE /v1/extractions/{id}, DELETE /v1/batches/{id} ------------------------------------
 
 def test_deleting_a_job_removes_its_row_and_later_reads_are_404(client, sessions, schema_id):

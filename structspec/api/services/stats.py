@@ -7,6 +7,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from structspec.api.errors import ErrorItem, NotFoundError, UnprocessableError
 from structspec.api.structs import ArmStats, SchemaStats, StrategyChoice, StrategyPin
 from structspec.config import Settings
+from structspec.db.columns import database_now
+from structspec.db.jobs import JobRepository
 from structspec.db.models import DEFAULT_TENANT
 from structspec.db.repositories import SchemaRepository
 from structspec.db.stats import StatsRepository
@@ -68,7 +70,10 @@ class StatsService:
     def metrics(self) -> bytes:
         with self.session_factory() as session:
             rows = StatsRepository(session).metric_rows()
-        return metrics.render(rows)
+            now = database_now(session)
+            backlog = {status: (n, (now - oldest).total_seconds() if oldest else 0.0)
+                       for status, (n, oldest) in JobRepository(session).backlog().items()}
+        return metrics.render(rows, backlog)
 
     def _live(self, session: Session, schema_id: str, sid) -> None:
         if SchemaRepository(session, self.tenant).get(sid) is None:
