@@ -121,7 +121,8 @@ def cmd_extract(args) -> int:
     local = open_local_stats(settings, schema, args.schema) if opts.strategy == AUTO else None
     verbatim = uses_verbatim(schema, opts.verbatim)  # verbatim runs learn from verbatim runs only
     engine = build_engine(settings)
-    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans)
+    progress = args.progress if args.progress is not None else len(documents) > 1 and sys.stderr.isatty()
+    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans, progress)
 
 
 def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
@@ -138,11 +139,20 @@ def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
 
 
 def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | None]], opts, local, verbatim: bool,
-                  show_stats: bool, show_spans: bool = False) -> int:
+                  show_stats: bool, show_spans: bool = False, progress: bool = False) -> int:
     """Decode `documents` (path, text, chat messages or None) together, keeping the engine full:
     each document is submitted when a place frees up, so with `auto` its (strategy, k) is drawn
     from statistics that include the documents finished before it. Results are printed in input
-    order as they become available."""
+    order as they become available; `progress`: a bar on stderr counts finished documents."""
+    from tqdm import tqdm
+
+    with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:
+        return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar)
+
+
+def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar) -> int:
+    from tqdm import tqdm
+
     from structspec.engine.engine import Request
 
     pending = deque(enumerate(documents))
@@ -163,6 +173,7 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
                 ready[i] = (path, e, why)
+                bar.update(1)
                 continue
             index_of[request.id] = (i, path, why)
         for res in engine.step() if engine.has_work() else []:
@@ -170,8 +181,10 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
             if local is not None and res.status not in ("error", "cancelled"):
                 local.record(res.stats.as_dict(), res.stats.wall_s)
             ready[i] = (path, res, why)
+            bar.update(1)
         while printed in ready:
-            failed += not print_result(*ready.pop(printed), show_stats, show_spans)
+            with tqdm.external_write_mode(file=sys.stderr):  # the bar steps aside for stderr lines
+                failed += not print_result(*ready.pop(printed), show_stats, show_spans)
             printed += 1
     return 1 if failed else 0
 
@@ -480,6 +493,9 @@ def add_extract_command(sub, defaults: Settings) -> None:
     p.add_argument("--spans", action="store_true",
                    help='print {"result", "spans", "confidence"} per document: where each string of the result '
                         "occurs in the document, and the model's token probabilities per value (by JSON Pointer)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar of finished documents on stderr (default: on when stderr is a terminal "
+                        "and there are several documents)")
     p.add_argument("--messages", action="store_true",
                    help="each DOC is a JSON file of chat messages ([{role, content}], or an OpenAI chat request "
                         "body): the prompt is them through the model's chat template, as on the OpenAI-compatible "

@@ -226,3 +226,23 @@ def test_building_the_cli_imports_neither_torch_nor_transformers():
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60,
                    env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+
+
+def test_extract_progress_counts_every_document_and_keeps_stdout_clean(capsys, monkeypatch, tmp_path, tiny_engine):
+    import structspec.cli as cli
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_engine)
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"paid": {"enum": ["cash", "card"]}},
+                                  "required": ["paid"]}))
+    docs = []
+    for i in range(3):
+        docs.append(tmp_path / f"d{i}.txt")
+        docs[-1].write_text(f"Paid by card {i}")
+    args = ["extract", "--schema", str(schema), *map(str, docs), "--strategy", "none", "--max-tokens", "24"]
+    assert main([*args, "--progress"]) == 0
+    out, err = capsys.readouterr()
+    assert "extract: 100%" in err and "3/3" in err
+    assert [json.loads(line) for line in out.splitlines()] and "extract" not in out
+    assert main(args) == 0  # stderr is not a terminal here: no bar by default
+    assert "3/3" not in capsys.readouterr().err
