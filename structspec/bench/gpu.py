@@ -16,7 +16,8 @@ skipped and says how to run it alone):
   kernel-bench  python -m kernels.bench: Triton against the torch reference and the bandwidth bound
   pass-cost     one forward pass by (sequences, draft rows) on a random Llama-3.2-1B: rows -> ms, and
                 each against the plain pass of as many sequences
-  throughput    batched `none` decode tokens/s against one sequence at a time (the same model)
+  throughput    batched `none` decode tokens/s against one sequence at a time (the same model); on
+                CUDA the largest batch again on the torch attention, against the Triton one
   exactness     random-weight models from real configs (SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B) in
                 fp32 and bf16: batched speculative decoding against `none` one document at a time;
                 every output identical, or where it first differs, the reference's top-2 masked
@@ -393,15 +394,18 @@ def pass_cost_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]
     for r in rows:
         r["k"] = r["rows_each"] - 1
         r["vs_plain"] = round(r["ms"] / plain[r["sequences"]], 3)
-    return {"model": loaded.name, "dtype": str(dtype).removeprefix("torch."), "rows": rows}
+    return {"model": loaded.name, "dtype": str(dtype).removeprefix("torch."), "attention": engine.runner.attention,
+            "rows": rows}
 
 
-def timed_run(loaded, device: str, max_seqs: int, schema: dict, docs: list[str], opts, **settings) -> dict[str, Any]:
+def timed_run(loaded, device: str, max_seqs: int, schema: dict, docs: list[str], opts, backend: str | None = None,
+              **settings) -> dict[str, Any]:
     """One engine at `max_seqs`: a warm-up request (compile, allocate, learn the schema prefix),
-    then every document of `docs` timed together."""
+    then every document of `docs` timed together. `backend`: the engine's kernel_backend
+    (default: kernel_backend(device))."""
     from structspec.engine.engine import Engine, Request
 
-    engine = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=max_seqs, **settings)
+    engine = Engine(loaded, kernel_backend=backend or kernel_backend(device), engine_max_seqs=max_seqs, **settings)
     engine.run([Request(schema, docs[0], opts)])
     t = time.perf_counter()
     results = engine.run([Request(schema, d, opts) for d in docs])
@@ -409,7 +413,8 @@ def timed_run(loaded, device: str, max_seqs: int, schema: dict, docs: list[str],
     tokens = sum(r.stats.output_tokens for r in results)
     passes = sum(r.stats.target_passes for r in results)
     decode = sum(r.stats.decode_s for r in results)
-    return {"max_seqs": max_seqs, "documents": len(results), "output_tokens": tokens,
+    return {"max_seqs": max_seqs, "attention": engine.runner.attention, "documents": len(results),
+            "output_tokens": tokens,
             "tokens_per_pass": round(tokens / passes, 2) if passes else None, "wall_s": round(wall, 3),
             "tok_s": round(tokens / wall, 1), "decode_tok_s": round(tokens / decode, 1) if decode else None}
 
@@ -428,6 +433,9 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
     docs = [r["text"] for r in receipts(2 * max(batch_sizes), seed=7)]
     opts = RequestOptions(strategy="none", draft_len=0, max_tokens=16 if small else 64)
     out = [timed_run(loaded, device, b, schema, docs, opts, engine_kv_budget_mb=1 << 16) for b in batch_sizes]
+    if out[-1]["attention"] == "triton":  # the same largest batch on the torch attention: what the kernels earn
+        out.append(timed_run(loaded, device, batch_sizes[-1], schema, docs, opts, backend="torch",
+                             engine_kv_budget_mb=1 << 16))
     base_rate = out[0]["tok_s"]
     for r in out:
         r["vs_1"] = round(r["tok_s"] / base_rate, 2) if base_rate else None
@@ -537,11 +545,11 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
             lines += _table(rows, ["config", "dtype", "documents", "identical", "diverged",
                                    "largest gap at a divergence", "accepted_draft_tokens"]) + [""]
         elif name == "pass-cost":
-            lines += [f"{s['model']}, {s['dtype']}", ""]
+            lines += [f"{s['model']}, {s['dtype']}, {s['attention']} attention", ""]
             lines += _table(s["rows"], ["context", "sequences", "k", "rows", "ms", "vs_plain"]) + [""]
         elif name == "throughput":
-            lines += [s["model"], ""] + _table(s["runs"], ["max_seqs", "documents", "output_tokens", "wall_s",
-                                                           "tok_s", "decode_tok_s", "vs_1"]) + [""]
+            lines += [s["model"], ""] + _table(s["runs"], ["max_seqs", "attention", "documents", "output_tokens",
+                                                           "wall_s", "tok_s", "decode_tok_s", "vs_1"]) + [""]
         elif name == "real-model":
             lines += [f"{s['model']}, {s['dtype']}", ""]
             lines += _table(s["runs"], ["set", "strategy", "k", "max_seqs", "documents", "output_tokens",

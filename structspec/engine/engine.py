@@ -76,7 +76,7 @@ class Engine:
         self.grammars = GrammarCache(make_backend(settings.grammar_backend, loaded.tokenizer, loaded.vocab_size,
                                                   GrammarLimits.from_settings(settings)))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
-        self.runner = make_runner(loaded.model)
+        self.runner = make_runner(loaded.model, settings.kernel_backend)
         self.kv = KVCache(self.runner.layout, settings.engine_kv_budget_mb * MiB, self.runner.make_slot,
                           prefix_max_bytes=settings.engine_prefix_cache_mb * MiB if self.runner.batched else 0)
         self.scheduler = Scheduler(self.kv, max(1, settings.engine_max_seqs), max(1, settings.engine_prefill_chunk),

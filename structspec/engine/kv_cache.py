@@ -17,6 +17,12 @@ The price is reservation by the worst case; the budget counts reserved bytes (on
 untouched pages of a reservation are never resident), so admission waits instead of running
 out of memory. Shared prompt prefixes are reused by copying their KV into a new slot
 (PrefixCache), a few milliseconds against the seconds their prefill takes.
+
+Attention over the slots has two implementations (Step.attention). On a CPU, one write pair
+and one SDPA call per sequence and layer, reading views of the slots. On a GPU that would be
+3 launches per sequence and layer; there kernels/attention.py writes and attends for the
+whole batch in two launches per layer, reaching each slot through a table of buffer
+addresses, so slots stay where they are.
 """
 
 from __future__ import annotations
@@ -66,6 +72,8 @@ class Slot:
                      for s in layout.layers]
         self.values = [torch.empty(s.kv_heads, capacity, s.value_dim, dtype=s.dtype, device=device)
                        for s in layout.layers]
+        # every layer's key buffer address, then every value buffer's: the Triton attention's tables
+        self.addresses = [t.data_ptr() for t in self.keys] + [t.data_ptr() for t in self.values]
 
     def rollback(self, num_tokens: int) -> None:
         """Forget the last `num_tokens` tokens (their KV is overwritten by the next write)."""
@@ -211,11 +219,36 @@ class Discovery:
         self.shapes: dict[int, LayerShape] = {}
 
 
+class Step:
+    """One forward pass as the attention function sees it: its segments, and how to attend.
+
+    attention "torch": one write pair and one SDPA call per segment and layer (the CPU path).
+    attention "triton": kernels/attention.py, two launches per layer for the whole batch; the
+    buffer tables of every layer go to the device in one copy, on the first layer's call.
+    """
+
+    def __init__(self, segments: list[Segment], attention: str = "torch"):
+        self.segments = segments
+        self.attention = attention
+        self.max_rows = max((seg.rows for seg in segments), default=0)
+        self._tables: torch.Tensor | None = None  # [2 * layers + 4, S] int64
+
+    def tables(self, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(key addresses [S], value addresses [S], [start, rows, past, capacity] [4, S]) of a layer."""
+        if self._tables is None:
+            segs = self.segments
+            addresses = torch.tensor([seg.slot.addresses for seg in segs], dtype=torch.int64).t()
+            meta = torch.tensor([[seg.start for seg in segs], [seg.rows for seg in segs],
+                                 [seg.past for seg in segs], [seg.slot.capacity for seg in segs]], dtype=torch.int64)
+            self._tables = torch.cat([addresses, meta]).to(device)
+        layers = (self._tables.shape[0] - 4) // 2
+        return self._tables[layer], self._tables[layers + layer], self._tables[2 * layers:]
+
+
 # The step being run (set by the runner around one forward pass). A context variable rather
 # than a model kwarg: it reaches the attention function even through models that do not pass
 # unknown keyword arguments down to their attention modules.
-CURRENT: contextvars.ContextVar[list[Segment] | Discovery | None] = contextvars.ContextVar(
-    "structspec_step", default=None)
+CURRENT: contextvars.ContextVar[Step | Discovery | None] = contextvars.ContextVar("structspec_step", default=None)
 
 
 def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -243,8 +276,15 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
         return out.transpose(1, 2), None
 
     layer = module.layer_idx
+    if step.attention == "triton":
+        from kernels.attention import attend
+
+        k_table, v_table, seg_table = step.tables(layer, query.device)
+        out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), k_table, v_table,
+                     seg_table, step.max_rows, scale=scaling, window=window)
+        return out.unsqueeze(0), None
     out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
-    for seg in step:
+    for seg in step.segments:
         k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
         end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
         k_buf[:, seg.past:end] = key[0, :, rows]

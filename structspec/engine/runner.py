@@ -1,8 +1,8 @@
 """The target model's forward pass over one step's packed rows.
 
 BatchedRunner runs every sequence's new rows as one row of tokens through the model with
-structspec's ragged attention (kv_cache.py) swapped in for the model's own: one forward
-pass per step whatever the batch. A model that cannot run that way (its attention does not
+structspec's ragged attention (kv_cache.py; on CUDA its Triton kernels, kernels/attention.py)
+swapped in for the model's own: one forward pass per step whatever the batch. A model that cannot run that way (its attention does not
 go through transformers' attention interface, or it needs soft-capping or sinks) is found
 by a probe at start-up and served by SequentialRunner: the same steps, one forward pass per
 sequence over its own transformers DynamicCache.
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from structspec.engine.kv_cache import (ATTENTION_NAME, CURRENT, Discovery, KVLayout, LayerShape, Segment, Slot,
+from structspec.engine.kv_cache import (ATTENTION_NAME, CURRENT, Discovery, KVLayout, LayerShape, Segment, Slot, Step,
                                         register_attention)
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,26 @@ def _accepts_logits_to_keep(model) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
+def attention_backend(kernel_backend: str, device: torch.device) -> str:
+    """The ragged attention the batched runner uses: "triton" when asked for, or under "auto" on
+    CUDA when triton imports; otherwise "torch". (Unlike the verification kernels, "auto" never
+    takes Triton's CPU interpreter here: it would run every layer of every step in numpy.)"""
+    if kernel_backend == "triton":
+        return "triton"
+    if kernel_backend == "auto" and device.type == "cuda":
+        from kernels._triton import triton_available
+
+        return "triton" if triton_available() else "torch"
+    return "torch"
+
+
 class BatchedRunner:
     batched = True
 
-    def __init__(self, model, layout: KVLayout):
+    def __init__(self, model, layout: KVLayout, attention: str = "torch"):
         self.model = model
         self.layout = layout
+        self.attention = attention
         self.device = next(model.parameters()).device
         self._keep = _accepts_logits_to_keep(model)
 
@@ -71,7 +85,7 @@ class BatchedRunner:
     @torch.inference_mode()
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits [R, V] of the rows in step.logits_rows; every segment's slot grows by its rows."""
-        token = CURRENT.set(step.segments)
+        token = CURRENT.set(Step(step.segments, self.attention))
         try:
             with attention_implementation(self.model, ATTENTION_NAME):
                 kwargs = {"logits_to_keep": step.logits_rows} if self._keep else {}
@@ -106,6 +120,7 @@ class SequentialRunner:
     """Fallback for models that cannot run packed: one forward pass per sequence per step."""
 
     batched = False
+    attention = "model"  # the model's own attention, over a transformers DynamicCache per sequence
 
     def __init__(self, model, layout: KVLayout):
         self.model = model
@@ -133,9 +148,10 @@ class SequentialRunner:
         return torch.cat(parts)
 
 
-def probe(model) -> KVLayout:
-    """Check that `model` computes the same logits through the ragged attention as through its
-    own, and read its per-layer KV shapes. Raises RuntimeError saying why it cannot batch."""
+def probe(model, attention: str = "torch") -> KVLayout:
+    """Check that `model` computes the same logits through the ragged attention (`attention`:
+    its torch or Triton implementation) as through its own, and read its per-layer KV shapes.
+    Raises RuntimeError saying why it cannot batch."""
     register_attention()
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -160,7 +176,7 @@ def probe(model) -> KVLayout:
                            "interface")
     layout = KVLayout(tuple(discovery.shapes[i] for i in range(len(discovery.shapes))))
     # The real path: a first chunk, then the rest as one multi-row step over the cache.
-    runner = BatchedRunner(model, layout)
+    runner = BatchedRunner(model, layout, attention)
     slot = Slot(layout, PROBE_TOKENS, device)
     rest = PROBE_TOKENS - PROBE_SPLIT
     runner.forward(StepInputs(ids[:PROBE_SPLIT], positions[:PROBE_SPLIT], [Segment(slot, 0, PROBE_SPLIT, 0)],
@@ -190,11 +206,19 @@ def estimate_layout(model) -> KVLayout:
     return KVLayout(tuple(shapes))
 
 
-def make_runner(model) -> BatchedRunner | SequentialRunner:
-    """The batched runner if the model passes the probe, else the sequential one (logged)."""
+def make_runner(model, kernel_backend: str = "auto") -> BatchedRunner | SequentialRunner:
+    """The batched runner if the model passes the probe, with the Triton attention where
+    `kernel_backend` picks it (attention_backend) and it passes too; else the sequential
+    runner. Every fallback is logged with its reason."""
+    name = getattr(model.config, "model_type", type(model).__name__)
+    attention = attention_backend(kernel_backend, next(model.parameters()).device)
+    if attention == "triton":
+        try:
+            return BatchedRunner(model, probe(model, "triton"), "triton")
+        except Exception as e:  # a kernel that does not compile or does not match: the torch path
+            log.warning("model %s: the Triton attention failed its check (%s); using the torch attention", name, e)
     try:
         return BatchedRunner(model, probe(model))
     except Exception as e:  # any failure of the probe means: do not batch this model
-        name = getattr(model.config, "model_type", type(model).__name__)
         log.warning("model %s cannot run batched (%s); decoding one sequence at a time", name, e)
         return SequentialRunner(model, estimate_layout(model))

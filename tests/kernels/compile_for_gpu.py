@@ -28,6 +28,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from kernels.attention import _append_kv_kernel, _attend_kernel  # noqa: E402
 from kernels.bitmask import _apply_bitmask_kernel  # noqa: E402
 from kernels.greedy import _verify_greedy_kernel  # noqa: E402
 from kernels.sampling import _verify_sampling_kernel  # noqa: E402
@@ -40,8 +41,23 @@ def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, obje
         elif name.endswith("_ptr"):
             sig[name] = pointer_types[name]
         else:
-            sig[name] = "i32"
+            sig[name] = SCALARS.get(name, "i32")
     return sig
+
+
+SCALARS = {"scale": "fp32"}  # every other scalar argument is an int32
+
+
+def attention_variants(dtypes: list[str]):
+    """The ragged attention's two kernels, at SmolLM2's head size (64) and Llama's (128)."""
+    for ty in dtypes:
+        tables = {"k_table_ptr": "*i64", "v_table_ptr": "*i64", "seg_ptr": "*i64"}
+        for dim in (64, 128):
+            sizes = {"D": dim, "DV": dim, "BLOCK_D": dim, "BLOCK_DV": dim}
+            yield _append_kv_kernel, tables | {"key_ptr": f"*{ty}", "value_ptr": f"*{ty}"}, sizes | {"BLOCK_R": 16}, 4
+            for window in (False, True):
+                yield _attend_kernel, tables | {"q_ptr": f"*{ty}", "out_ptr": f"*{ty}"}, sizes | {
+                    "GROUP": 3, "BLOCK_M": 16, "BLOCK_N": 64, "HAS_WINDOW": window, "DOT_FP32": ty == "fp32"}, 4
 
 
 def variants(logit_dtypes: list[str]):
@@ -66,10 +82,11 @@ def variants(logit_dtypes: list[str]):
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("archs", nargs="*", type=int, default=[80, 90])
-    parser.add_argument("--logit-dtypes", default="fp32,bf16,fp16")
+    parser.add_argument("--logit-dtypes", default="fp32,bf16,fp16", help="also the attention's q/k/v dtypes")
     args = parser.parse_args(argv)
+    dtypes = args.logit_dtypes.split(",")
     for arch in args.archs:
-        for kernel, ptrs, consts, num_warps in variants(args.logit_dtypes.split(",")):
+        for kernel, ptrs, consts, num_warps in [*variants(dtypes), *attention_variants(dtypes)]:
             sig = _signature(kernel, ptrs, consts)
             src = ASTSource(fn=kernel, signature=sig, constexprs=consts)
             compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps})
@@ -77,8 +94,9 @@ def main(argv: list[str]) -> int:
             # An approximate fp32 divide would break agreement with torch.
             approx_div = sorted(set(re.findall(r"div\.(?:approx|full)\.f32", ptx)))
             flags = {k: v for k, v in consts.items() if k.isupper()}
+            data = ptrs.get("logits_ptr") or ptrs.get("q_ptr") or ptrs.get("key_ptr")
             print(
-                f"sm_{arch} {kernel.__name__} {ptrs['logits_ptr']} {flags}: "
+                f"sm_{arch} {kernel.__name__} {data} {flags}: "
                 f"cubin {len(compiled.asm['cubin'])} B, approx div: {approx_div or 'none'}"
             )
             if approx_div:

@@ -26,6 +26,6 @@ for _path in (str(_ROOT), str(_HERE)):
 # If something imported the kernel modules before this conftest ran (e.g. a
 # test collected earlier in the same session), their kernels were decorated
 # for compilation; re-import them, dependencies first, so they interpret.
-for _name in ("kernels.bitmask", "kernels.greedy", "kernels.sampling"):
+for _name in ("kernels.bitmask", "kernels.greedy", "kernels.sampling", "kernels.attention"):
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
