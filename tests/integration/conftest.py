@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # the project may not be pip-installed
 
 from structspec.config import Settings  # noqa: E402
 from structspec.db import migrate  # noqa: E402
-from structspec.db.session import make_engine, normalize_database_url  # noqa: E402
+from structspec.db.session import make_engine, make_session_factory, normalize_database_url  # noqa: E402
 
 POSTGRES_ADMIN_URL = os.environ.get("STRUCTSPEC_TEST_POSTGRES_URL",
                                     "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -163,6 +163,14 @@ def settings(database_url, tmp_path) -> Iterator[Settings]:
                 conn.execute(sa.text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()
+
+
+@pytest.fixture
+def sessions(settings):
+    """A session factory on the test's database (the one `client` uses)."""
+    engine = make_engine(settings.database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
 
 
 @pytest.fixture

@@ -15,18 +15,10 @@ import sqlalchemy as sa
 from integration_helpers import assert_error
 from structspec.db.columns import utcnow
 from structspec.db.models import OpenAIBatchRecord
-from structspec.db.session import make_engine, make_session_factory
 from worker import retention
 from worker.retention import purge_expired
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
-
-
-@pytest.fixture
-def sessions(settings):
-    engine = make_engine(settings.database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture

@@ -207,21 +207,33 @@ def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack):
     assert_error(stack.client.post(f"/v1/extractions/{uuid.uuid4()}/cancel"), 404)
 
 
-def test_deleting_a_running_batch_stops_its_jobs_and_the_worker_goes_on(stack):
-    """DELETE takes a batch's rows at once, running jobs included: the worker's lease keeper
-    stops them, its stores find no row, nothing comes back, and the next job runs as usual."""
+LONG_SCHEMA = {"type": "object",
+               "properties": {"note": {"type": "string", "minLength": 40, "maxLength": 60},
+                              "label": {"enum": ["a", "b", "c"]}},
+               "required": ["note", "label"]}
+
+
+def long_batch(stack, n: int):
+    """A batch of `n` LONG_SCHEMA documents of up to 96 tokens each: (its id, its id as the
+    database stores it, a count of its jobs running in the worker's engine now)."""
     schema_id = stack.client.post("/v1/schemas", json={"name": "long", "schema": LONG_SCHEMA}).json()["id"]
     r = stack.client.post("/v1/batches", json={"schema_id": schema_id, "options": {"max_tokens": 96},
-                                               "documents": [{"document": f"doc {i}"} for i in range(24)]})
+                                               "documents": [{"document": f"doc {i}"} for i in range(n)]})
     batch_id = r.json()["id"]
-    bid = uuid.UUID(batch_id)
-    key = bid.hex if "sqlite" in stack.settings.database_url else bid
+    key = uuid.UUID(batch_id).hex if "sqlite" in stack.settings.database_url else uuid.UUID(batch_id)
 
-    def running() -> int:
+    def in_engine() -> int:
         return stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b AND status = 'running' "
                           "AND started_at IS NOT NULL", b=key)[0][0]
 
-    poll(lambda: running() > 0, timeout=JOB_TIMEOUT, interval=0.02, what="a job of the batch running",
+    return batch_id, key, in_engine
+
+
+def test_deleting_a_running_batch_stops_its_jobs_and_the_worker_goes_on(stack):
+    """DELETE takes a batch's rows at once, running jobs included: the worker's lease keeper
+    stops them, its stores find no row, nothing comes back, and the next job runs as usual."""
+    batch_id, key, in_engine = long_batch(stack, 24)
+    poll(lambda: in_engine() > 0, timeout=JOB_TIMEOUT, interval=0.02, what="a job of the batch running",
          worker=stack.worker)
     assert stack.client.delete(f"/v1/batches/{batch_id}").status_code == 204
     assert stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b", b=key)[0][0] == 0
@@ -424,27 +436,11 @@ def _key(stack: Stack, id_: str):
 # --- fault tolerance: last, it replaces the module's worker ---------------------------------
 
 # Long enough outputs (a 40-60 character string) that many jobs are in the engine at once.
-LONG_SCHEMA = {"type": "object",
-               "properties": {"note": {"type": "string", "minLength": 40, "maxLength": 60},
-                              "label": {"enum": ["a", "b", "c"]}},
-               "required": ["note", "label"]}
-
-
 def test_batch_survives_a_worker_killed_mid_step_with_8_jobs_running_and_each_completes_once(stack):
     """The batched worker decodes the jobs of several messages in one engine; SIGKILL with at
     least 8 of them in the engine (claimed and started, not finished) loses none and runs none twice."""
-    schema_id = stack.client.post("/v1/schemas", json={"name": "long", "schema": LONG_SCHEMA}).json()["id"]
     n = 40
-    r = stack.client.post("/v1/batches", json={"schema_id": schema_id, "options": {"max_tokens": 96},
-                                               "documents": [{"document": f"doc {i}"} for i in range(n)]})
-    batch_id = r.json()["id"]
-    bid = uuid.UUID(batch_id)
-    key = bid.hex if "sqlite" in stack.settings.database_url else bid
-
-    def in_engine() -> int:
-        return stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b AND status = 'running' "
-                          "AND started_at IS NOT NULL", b=key)[0][0]
-
+    batch_id, key, in_engine = long_batch(stack, n)
     # Messages fetched but not claimed at the kill come back too: redelivered (Redis), or
     # published again by the reaper (the embedded broker keeps a fetched message invisible).
     seen = poll(lambda: (k := in_engine()) >= 8 and k, timeout=JOB_TIMEOUT, interval=0.02,

@@ -11,7 +11,6 @@ import pytest
 from integration_helpers import assert_error
 from prometheus_client.parser import text_string_to_metric_families
 
-from structspec.db.session import make_engine, make_session_factory
 from structspec.db.stats import StatsRepository
 from structspec.options import RequestOptions
 from structspec.stats.aggregate import InMemoryStats
@@ -26,13 +25,6 @@ def job_stats(strategy: str, k: int, passes: int, acc_pos: list[int], decode_s: 
     return {"strategy": strategy, "draft_len": k, "output_tokens": passes + accepted, "target_passes": passes,
             "proposed": passes * k, "accepted": accepted, "decode_s": decode_s,
             "accepted_by_position": acc_pos, "proposed_by_position": [passes] * k}
-
-
-@pytest.fixture
-def sessions(settings):
-    engine = make_engine(settings.database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture
