@@ -84,7 +84,8 @@ class _Process:
             log.info("loading model %r", settings.model)
             self._engine = Engine.from_settings(settings)
             log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB",
-                     "batched" if self._engine.batched else "one sequence per forward pass (model cannot batch)",
+                     f"batched ({self._engine.runner.attention} attention)" if self._engine.batched
+                     else "one sequence per forward pass (model cannot batch)",
                      self._engine.scheduler.max_seqs, settings.engine_kv_budget_mb)
         return self._engine
 

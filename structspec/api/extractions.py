@@ -6,7 +6,6 @@ import uuid
 from typing import Annotated, Literal
 
 import msgspec
-
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
