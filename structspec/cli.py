@@ -411,13 +411,19 @@ def client_options(args) -> dict:
     return {**given, "verbatim": True} if args.verbatim else given
 
 
+def open_client(args):
+    """The client of `structspec submit` / `batch`, from --server, --api-key and --retries."""
+    from structspec.client import Client
+
+    return Client(args.server, api_key=args.api_key or os.environ.get("STRUCTSPEC_API_KEY"), retries=args.retries)
+
+
 def run_client(args, work) -> int:
-    from structspec.client import Client, ClientError
+    from structspec.client import ClientError
 
     schema = read_json_file(args.schema, "schema")
     try:
-        with Client(args.server, api_key=args.api_key or os.environ.get("STRUCTSPEC_API_KEY"),
-                    retries=args.retries) as client:
+        with open_client(args) as client:
             registered = client.register(args.schema, schema)
             print(f"structspec: schema {registered['name']} v{registered['version']} ({registered['id']})",
                   file=sys.stderr, flush=True)
@@ -434,8 +440,18 @@ def cmd_submit(args) -> int:
 
 
 def cmd_batch(args) -> int:
-    from structspec.client import batch
+    from structspec.client import ClientError, attach, batch
 
+    if args.attach:
+        if args.file or args.schema:
+            raise CliError("--attach waits for a batch already submitted: give no FILE and no --schema")
+        try:
+            with open_client(args) as client:
+                return 0 if attach(client, args.attach) == "succeeded" else 1
+        except ClientError as e:
+            raise CliError(str(e)) from None
+    if not args.file or not args.schema:
+        raise CliError("give --schema and an NDJSON FILE (or --attach BATCH_ID)")
     try:
         ndjson = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as e:
@@ -453,8 +469,8 @@ def _non_negative(text: str) -> int:
     return value
 
 
-def add_client_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
-    p.add_argument("--schema", required=True, help="JSON Schema file (registered under its file name)")
+def add_client_args(p: argparse.ArgumentParser, defaults: Settings, schema_required: bool = True) -> None:
+    p.add_argument("--schema", required=schema_required, help="JSON Schema file (registered under its file name)")
     p.add_argument("--server", default=f"http://{defaults.host}:{defaults.port}",
                    help="base URL of `structspec serve` (default %(default)s)")
     p.add_argument("--api-key", metavar="KEY", help="API key (`structspec keys create`) [env STRUCTSPEC_API_KEY]")
@@ -712,8 +728,10 @@ def add_batch_command(sub, defaults: Settings) -> None:
                        description="Register --schema on the server, upload FILE (one {\"id\"?, \"document\"} "
                                    "per line) as a batch, show progress until it is finished, and print the "
                                    "NDJSON results in input order. Rejected lines are reported on stderr.")
-    p.add_argument("file", metavar="FILE.ndjson", help="NDJSON documents ('-' for stdin)")
-    add_client_args(p, defaults)
+    p.add_argument("file", metavar="FILE.ndjson", nargs="?", help="NDJSON documents ('-' for stdin)")
+    add_client_args(p, defaults, schema_required=False)
+    p.add_argument("--attach", metavar="BATCH_ID",
+                   help="wait for a batch submitted earlier (its id is printed at submission) and print its results")
     p.set_defaults(func=cmd_batch)
 
 

@@ -150,23 +150,38 @@ def batch(client: Client, schema_id: str, ndjson: bytes, options: dict[str, Any]
                           headers={"content-type": "application/x-ndjson"})
     for r in created.get("rejected") or []:
         print(f"structspec: line {r.get('line', r.get('index'))} rejected: {r['message']}", file=sys.stderr)
-    batch_id = created["id"]
-    print(f"structspec: batch {batch_id}: {created['total']} documents", file=sys.stderr, flush=True)
-    with tqdm(total=created["total"], desc="batch", unit="doc", file=sys.stderr) as bar:
-        while True:
-            b = client.call("GET", f"/v1/batches/{batch_id}")
-            finished = sum(b["counts"].get(s, 0) for s in FINISHED)
-            bar.update(finished - bar.n)
-            bar.set_postfix({k: v for k, v in b["counts"].items() if v})
-            if b["finished_at"] is not None:
-                break
-            time.sleep(poll_s)
+    print(f"structspec: batch {created['id']}: {created['total']} documents", file=sys.stderr, flush=True)
+    status = attach(client, created["id"], poll_s)
+    return 0 if status == "succeeded" and not created.get("rejected") else 1
+
+
+def attach(client: Client, batch_id: str, poll_s: float = 1.0) -> str:
+    """Wait for a batch with a progress bar, then print its NDJSON results; its final status.
+    Interrupted (Ctrl-C), it says how to come back: the batch goes on in the server."""
     try:
-        with client.http.stream("GET", f"/v1/batches/{batch_id}/results") as results:
+        b = client.call("GET", f"/v1/batches/{batch_id}")
+        with tqdm(total=b["total"], desc="batch", unit="doc", file=sys.stderr) as bar:
+            while True:
+                finished = sum(b["counts"].get(s, 0) for s in FINISHED)
+                bar.update(finished - bar.n)
+                bar.set_postfix({k: v for k, v in b["counts"].items() if v})
+                if b["finished_at"] is not None:
+                    break
+                time.sleep(poll_s)
+                b = client.call("GET", f"/v1/batches/{batch_id}")
+    except KeyboardInterrupt:
+        print(f"structspec: batch {batch_id} goes on in the server; `structspec batch --attach {batch_id}` waits "
+              f"for it again, POST /v1/batches/{batch_id}/cancel stops it", file=sys.stderr, flush=True)
+        raise
+    try:
+        with client.http.stream("GET", f"/v1/batches/{batch_id}/results", headers=client.headers) as results:
+            if results.status_code != 200:
+                results.read()
+                raise ClientError(f"GET /v1/batches/{batch_id}/results: {results.status_code} {_problem(results)}")
             for line in results.iter_lines():
                 if line:
                     print(line, flush=True)
     except httpx.TransportError as e:
         raise ClientError(f"lost the server while reading results of batch {batch_id}: {e}") from None
     print(f"structspec: batch {batch_id}: {b['status']}", file=sys.stderr)
-    return 0 if b["status"] == "succeeded" and not created.get("rejected") else 1
+    return b["status"]

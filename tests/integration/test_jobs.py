@@ -253,7 +253,7 @@ def test_deleting_a_running_batch_stops_its_jobs_and_the_worker_goes_on(stack):
 # --- the command-line client (structspec submit / batch) against the same stack -------------
 
 def test_client_submit_prints_each_result_and_batch_streams_results(stack, tmp_path, capsys):
-    from structspec.client import Client, batch, submit
+    from structspec.client import Client, attach, batch, submit
 
     with Client("http://testserver", http=stack.client) as client:
         schema_id = str(client.register(str(tmp_path / "tiny.json"), TINY_SCHEMA)["id"])
@@ -274,6 +274,10 @@ def test_client_submit_prints_each_result_and_batch_streams_results(stack, tmp_p
         assert [x["id"] for x in lines] == ["x", "y"]
         assert all(x["status"] == "succeeded" and valid(x["result"]) for x in lines)
         assert "line 2 rejected" in err
+        # `structspec batch --attach ID` later: the same results again
+        batch_id = re.search(r"batch ([0-9a-f-]{36}): 2 documents", err).group(1)
+        assert attach(client, batch_id, poll_s=0.1) == "succeeded"
+        assert [json.loads(x) for x in capsys.readouterr().out.splitlines()] == lines
 
 
 def test_client_reports_an_unreachable_server_and_api_errors_in_one_line():

@@ -89,3 +89,38 @@ def test_an_unreachable_server_is_named_after_the_retries(no_sleep):
                                                                         match="cannot reach the structspec server"):
         c.call("GET", "/v1/schemas")
     assert len(seen) == 2 and no_sleep == [0.5]
+
+
+def batch_state(done: int, total: int = 2, finished: bool = False) -> httpx.Response:
+    return httpx.Response(200, json={"id": "b1", "total": total, "status": "succeeded" if finished else "running",
+                                     "counts": {"queued": total - done, "succeeded": done},
+                                     "finished_at": "2026-11-24T00:00:00Z" if finished else None})
+
+
+def test_attach_waits_for_a_batch_and_prints_its_results_with_the_key(no_sleep, capsys):
+    lines = b'{"id": 0, "status": "succeeded"}\n{"id": 1, "status": "succeeded"}\n'
+    http, seen = scripted(batch_state(1), batch_state(2, finished=True), httpx.Response(200, content=lines))
+    with Client("http://server", http=http, api_key="ss_k") as c:
+        assert client_module.attach(c, "b1", poll_s=0.25) == "succeeded"
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [line.decode() for line in lines.splitlines()]
+    assert "batch b1: succeeded" in err and no_sleep == [0.25]
+    assert [r.url.path for r in seen] == ["/v1/batches/b1"] * 2 + ["/v1/batches/b1/results"]
+    assert all(r.headers["authorization"] == "Bearer ss_k" for r in seen)  # the results stream too
+
+
+def test_attach_names_a_refused_results_stream_and_an_interrupted_wait_says_how_to_come_back(capsys, monkeypatch):
+    http, _ = scripted(batch_state(2, finished=True), error(401, "invalid API key"))
+    with Client("http://server", http=http) as c, pytest.raises(ClientError,
+                                                                match="results: 401 invalid API key"):
+        client_module.attach(c, "b1")
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(client_module.time, "sleep", interrupt)
+    http, _ = scripted(batch_state(0))
+    with Client("http://server", http=http) as c, pytest.raises(KeyboardInterrupt):
+        client_module.attach(c, "b1")
+    assert "batch b1 goes on in the server; `structspec batch --attach b1` waits for it again" in \
+        capsys.readouterr().err
