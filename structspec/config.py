@@ -39,7 +39,9 @@ class Settings:
     torch_threads: int = 0  # 0 = torch's default; 1 is often faster on a busy 2-core machine
     # Batched engine (structspec/engine): sequences decoded together, and their KV memory.
     engine_max_seqs: int = 16  # most sequences in one forward pass; 1 = one document at a time
-    engine_kv_budget_mb: int = 2048  # KV of running sequences (reserved for their worst case) + prefix cache
+    # KV of running sequences (reserved for their worst case) + prefix cache; 0 = auto: 2048 on a
+    # CPU, on CUDA half the device memory free once the model is loaded (Engine.kv_budget_bytes)
+    engine_kv_budget_mb: int = 0
     engine_prefill_chunk: int = 512  # prompt tokens computed per step, over all sequences
     engine_prefix_cache_mb: int = 256  # KV of shared prompt prefixes (instruction + schema), inside the budget
     # each result's confidence per value (engine/grounding.py): a masked softmax over the vocabulary
@@ -114,6 +116,8 @@ class Settings:
         for name in ("job_max_attempts", "job_lease_s"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"STRUCTSPEC_{name.upper()} must be at least 1, not {getattr(self, name)}")
+        if self.engine_kv_budget_mb < 0:
+            raise SettingsError(f"STRUCTSPEC_ENGINE_KV_BUDGET_MB must be 0 (auto) or more, not {self.engine_kv_budget_mb}")
         if self.job_retention_days < 0:
             raise SettingsError(f"STRUCTSPEC_JOB_RETENTION_DAYS must be 0 (keep) or more, not {self.job_retention_days}")
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()

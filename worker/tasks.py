@@ -86,7 +86,7 @@ class _Process:
             log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB",
                      f"batched ({self._engine.runner.attention} attention)" if self._engine.batched
                      else "one sequence per forward pass (model cannot batch)",
-                     self._engine.scheduler.max_seqs, settings.engine_kv_budget_mb)
+                     self._engine.scheduler.max_seqs, self._engine.kv.budget_bytes // (1 << 20))
         return self._engine
 
     def loop(self, settings: Settings):

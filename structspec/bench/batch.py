@@ -380,7 +380,7 @@ class CachedReceipts:
         bpt = base.kv.layout.bytes_per_token
         prefix_mb = math.ceil(sum(lengths) * bpt * 1.1 / MiB) + 16
         slots_mb = math.ceil(self.top * (max(lengths) + self.max_tokens) * bpt / MiB) + 16
-        budget_mb = max(base.settings.engine_kv_budget_mb, prefix_mb + slots_mb)
+        budget_mb = max(base.kv.budget_bytes // MiB, prefix_mb + slots_mb)
         self.engine = fresh(base, engine_max_seqs=self.top, engine_prefix_cache_mb=prefix_mb,
                             engine_kv_budget_mb=budget_mb)
         self.picker = AutoPicker(base.settings, args.seed)
@@ -600,8 +600,9 @@ def conditions(base: Engine, args) -> dict:
             "device": str(base.loaded.device), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
             "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine(),
             "loadavg_start": [round(x, 2) for x in os.getloadavg()],
-            "engine": {k: getattr(s, k) for k in ("engine_max_seqs", "engine_kv_budget_mb", "engine_prefill_chunk",
-                                                  "engine_prefix_cache_mb")},
+            "engine": {**{k: getattr(s, k) for k in ("engine_max_seqs", "engine_prefill_chunk",
+                                                     "engine_prefix_cache_mb")},
+                       "engine_kv_budget_mb": base.kv.budget_bytes // MiB},
             "runner": "batched" if base.batched else "sequential",
             "kv_bytes_per_token": base.kv.layout.bytes_per_token, "argv": sys.argv[1:]}
 

@@ -64,6 +64,20 @@ class EngineMetrics:
         return dataclasses.asdict(self)
 
 
+CPU_KV_BUDGET_MB = 2048  # the auto budget on a CPU: untouched pages of a reservation are never resident
+
+
+def kv_budget_bytes(setting_mb: int, device: torch.device) -> int:
+    """The KV budget: `setting_mb` when set (> 0); else 2048 MiB on a CPU, and on CUDA half the
+    device memory free now (the model loaded), leaving the rest to activations and other work."""
+    if setting_mb > 0:
+        return setting_mb * MiB
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free // 2
+    return CPU_KV_BUDGET_MB * MiB
+
+
 class Engine:
     """A loaded model, its grammar machinery and the batch scheduler. Build once per process."""
 
@@ -77,7 +91,8 @@ class Engine:
                                                   GrammarLimits.from_settings(settings)))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
         self.runner = make_runner(loaded.model, settings.kernel_backend)
-        self.kv = KVCache(self.runner.layout, settings.engine_kv_budget_mb * MiB, self.runner.make_slot,
+        self.kv = KVCache(self.runner.layout, kv_budget_bytes(settings.engine_kv_budget_mb, loaded.device),
+                          self.runner.make_slot,
                           prefix_max_bytes=settings.engine_prefix_cache_mb * MiB if self.runner.batched else 0)
         self.scheduler = Scheduler(self.kv, max(1, settings.engine_max_seqs), max(1, settings.engine_prefill_chunk),
                                    loaded.context_len,

@@ -572,3 +572,17 @@ def test_cancelling_during_prefill_leaves_the_others_exact(tiny_normal_loaded, r
     assert tally.identical + tally.near_tie == 4 and engine.kv.reserved_bytes == 0
     reused = sorted(results[r.id].stats.prefix_tokens > 0 for r in requests if r is not target)
     assert reused == [False, True, True, True]  # one computed the prefix (again), three reused it
+
+
+def test_the_kv_budget_is_the_setting_or_by_device_when_auto(monkeypatch):
+    from structspec.config import Settings, SettingsError
+    from structspec.engine.engine import kv_budget_bytes
+
+    assert kv_budget_bytes(300, torch.device("cpu")) == 300 * MiB
+    assert kv_budget_bytes(0, torch.device("cpu")) == 2048 * MiB
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * 1024 * MiB, 80 * 1024 * MiB))
+    assert kv_budget_bytes(0, torch.device("cuda:0")) == 5 * 1024 * MiB  # half of what is free
+    assert kv_budget_bytes(300, torch.device("cuda:0")) == 300 * MiB
+    assert Settings().engine_kv_budget_mb == 0
+    with pytest.raises(SettingsError, match="STRUCTSPEC_ENGINE_KV_BUDGET_MB must be 0"):
+        Settings(engine_kv_budget_mb=-1)
