@@ -117,9 +117,11 @@ class Settings:
             if getattr(self, name) < 1:
                 raise SettingsError(f"STRUCTSPEC_{name.upper()} must be at least 1, not {getattr(self, name)}")
         if self.engine_kv_budget_mb < 0:
-            raise SettingsError(f"STRUCTSPEC_ENGINE_KV_BUDGET_MB must be 0 (auto) or more, not {self.engine_kv_budget_mb}")
+            raise SettingsError("STRUCTSPEC_ENGINE_KV_BUDGET_MB must be 0 (auto) or more, "
+                                f"not {self.engine_kv_budget_mb}")
         if self.job_retention_days < 0:
-            raise SettingsError(f"STRUCTSPEC_JOB_RETENTION_DAYS must be 0 (keep) or more, not {self.job_retention_days}")
+            raise SettingsError(f"STRUCTSPEC_JOB_RETENTION_DAYS must be 0 (keep) or more, not "
+                                f"{self.job_retention_days}")
         # Frozen, so resolve derived defaults with object.__setattr__; dataclasses.replace()
         # keeps resolved URLs, so pass database_url/broker_url="" when replacing data_dir.
         if not self.database_url:

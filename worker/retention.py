@@ -14,6 +14,7 @@ deleted a day after they were stored, whatever the retention.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import timedelta
 
 from structspec.config import Settings
@@ -24,33 +25,43 @@ from structspec.db.jobs import BatchRepository, JobRepository
 log = logging.getLogger("structspec.worker")
 
 PURGE_EVERY_S = 3600.0
-PURGE_CHUNK = 500  # rows per transaction, so a first sweep over a large backlog never holds long locks
+PURGE_CHUNK = 500  # standalone jobs, or idempotency keys, per transaction
+BATCHES_PER_CHUNK = 10  # batches per transaction (each up to max_batch_size jobs)
+MAX_CHUNKS = 20  # transactions per sweep and kind; the reaper sweeps again at its next round if rows are left
 
 
-def purge_expired(settings: Settings, sessions) -> tuple[int, int]:
-    """Delete what finished more than job_retention_days ago; returns (jobs, batches) deleted
-    (a batch's jobs are counted with it, not in jobs). Nothing when retention is 0. Expired
-    idempotency keys go either way."""
-    while True:
+@dataclass(frozen=True)
+class Purged:
+    jobs: int  # standalone jobs (a batch's jobs are counted with the batch)
+    batches: int
+    more: bool  # the sweep stopped at MAX_CHUNKS with expired rows left
+
+
+def purge_expired(settings: Settings, sessions) -> Purged:
+    """Delete what finished more than job_retention_days ago (nothing when it is 0), and
+    expired idempotency keys either way, in short transactions: a first sweep over a large
+    backlog neither holds long locks nor keeps the reaper from its leases for long."""
+    keys_left, chunks = True, 0
+    while keys_left and chunks < MAX_CHUNKS:
         with sessions.begin() as session:
-            if purge_expired_keys(session, PURGE_CHUNK) < PURGE_CHUNK:
-                break
+            keys_left = purge_expired_keys(session, PURGE_CHUNK) == PURGE_CHUNK
+        chunks += 1
     if settings.job_retention_days <= 0:
-        return 0, 0
-    jobs = batches = 0
-    while True:
+        return Purged(0, 0, keys_left)
+    jobs = batches = chunks = 0
+    left = True
+    while left and chunks < MAX_CHUNKS:
         with sessions.begin() as session:
             cutoff = database_now(session) - timedelta(days=settings.job_retention_days)
             alone = JobRepository(session).finished_alone_before(cutoff, PURGE_CHUNK)
             JobRepository(session).delete_many(alone)
             repo = BatchRepository(session)
-            old = repo.finished_before(cutoff, PURGE_CHUNK)
+            old = repo.finished_before(cutoff, BATCHES_PER_CHUNK)
             for batch_id in old:
                 repo.delete(batch_id)
-        jobs, batches = jobs + len(alone), batches + len(old)
-        if len(alone) < PURGE_CHUNK and len(old) < PURGE_CHUNK:
-            break
+        jobs, batches, chunks = jobs + len(alone), batches + len(old), chunks + 1
+        left = len(alone) == PURGE_CHUNK or len(old) == BATCHES_PER_CHUNK
     if jobs or batches:
         log.info("retention: deleted %d job(s) and %d batch(es) finished more than %d day(s) ago", jobs, batches,
                  settings.job_retention_days, extra={"jobs": jobs, "batches": batches})
-    return jobs, batches
+    return Purged(jobs, batches, keys_left or left)

@@ -495,7 +495,7 @@ def _ref_fields(job_id: uuid.UUID, refs: dict) -> dict[str, str]:
 class Reaper:
     """Runs `reap` at worker start and then every min(job_lease_s, job_republish_after_s) / 2
     seconds (at least 1 s); and the retention sweep (worker/retention.py) at start and then
-    hourly, or at the next round after a sweep that failed."""
+    hourly, or at the next round after a sweep that failed or left a backlog."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -519,8 +519,8 @@ class Reaper:
                 log.warning("reaper round failed: %s", e)
             if time.monotonic() >= next_purge:
                 try:
-                    purge_expired(self.settings, sessions)
-                    next_purge = time.monotonic() + PURGE_EVERY_S
+                    more = purge_expired(self.settings, sessions).more
+                    next_purge = time.monotonic() + (0 if more else PURGE_EVERY_S)  # a backlog: on at the next round
                 except Exception as e:
                     log.warning("retention sweep failed: %s", preview(e))
             if self._stop.wait(interval):

@@ -2,10 +2,11 @@
 
 BatchedRunner runs every sequence's new rows as one row of tokens through the model with
 structspec's ragged attention (kv_cache.py; on CUDA its Triton kernels, kernels/attention.py)
-swapped in for the model's own: one forward pass per step whatever the batch. A model that cannot run that way (its attention does not
-go through transformers' attention interface, or it needs soft-capping or sinks) is found
-by a probe at start-up and served by SequentialRunner: the same steps, one forward pass per
-sequence over its own transformers DynamicCache.
+swapped in for the model's own: one forward pass per step whatever the batch. A model that
+cannot run that way (its attention does not go through transformers' attention interface,
+or it needs soft-capping or sinks) is found by a probe at start-up and served by
+SequentialRunner: the same steps, one forward pass per sequence over its own transformers
+DynamicCache.
 """
 
 from __future__ import annotations

@@ -159,7 +159,8 @@ def settings(database_url, tmp_path) -> Iterator[Settings]:
     engine = make_engine(database_url)
     try:
         with engine.begin() as conn:  # jobs and batches first: they reference schemas
-            for table in ("jobs", "batches", "schemas", "api_keys", "idempotency_keys"):  # an api key left behind turns auth on
+            # an API key left behind would turn auth on for the next test
+            for table in ("jobs", "batches", "schemas", "api_keys", "idempotency_keys"):
                 conn.execute(sa.text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()

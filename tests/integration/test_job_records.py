@@ -16,7 +16,7 @@ from integration_helpers import assert_error
 from structspec.db.columns import utcnow
 from structspec.db.models import OpenAIBatchRecord
 from worker import retention
-from worker.retention import purge_expired
+from worker.retention import Purged, purge_expired
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 
@@ -187,27 +187,35 @@ def test_retention_deletes_what_finished_before_the_cutoff_and_nothing_else(clie
     age(sessions, "jobs", "finished_at", 9, mixed[:2], status="succeeded")  # one still queued
     age(sessions, "jobs", "finished_at", 2, sorted(job_ids(sessions, new_batch)), status="succeeded")
 
-    assert purge_expired(settings, sessions) == (0, 0)  # retention 0: keep everything
+    assert purge_expired(settings, sessions) == Purged(0, 0, False)  # retention 0: keep everything
     assert len(job_ids(sessions)) == 12
 
     week = replace(settings, job_retention_days=7)
-    assert purge_expired(week, sessions) == (1, 1)
+    assert purge_expired(week, sessions) == Purged(1, 1, False)
     assert old_done not in job_ids(sessions) and job_ids(sessions, old_batch) == set()
     assert_error(client.get(f"/v1/batches/{old_batch}"), 404)
     assert {new_done, old_queued} <= job_ids(sessions)
     assert len(job_ids(sessions, mixed_batch)) == 3 and len(job_ids(sessions, new_batch)) == 3
-    assert purge_expired(week, sessions) == (0, 0)  # a second sweep finds nothing more
+    assert purge_expired(week, sessions) == Purged(0, 0, False)  # a second sweep finds nothing more
 
-    assert purge_expired(replace(settings, job_retention_days=1), sessions) == (1, 1)  # new_done, new_batch
+    # new_done, new_batch
+    assert purge_expired(replace(settings, job_retention_days=1), sessions) == Purged(1, 1, False)
     assert job_ids(sessions) == {old_queued} | set(mixed)
 
 
-def test_retention_sweeps_a_backlog_in_chunks(client, settings, sessions, schema_id, monkeypatch):
+def test_retention_sweeps_a_backlog_in_short_transactions_over_several_rounds(client, settings, sessions, schema_id,
+                                                                                monkeypatch):
     monkeypatch.setattr(retention, "PURGE_CHUNK", 2)
+    monkeypatch.setattr(retention, "BATCHES_PER_CHUNK", 1)
+    monkeypatch.setattr(retention, "MAX_CHUNKS", 2)
     ids = [submit(client, schema_id) for _ in range(5)]
-    age(sessions, "jobs", "finished_at", 3, ids, status="succeeded")
-    assert purge_expired(replace(settings, job_retention_days=2), sessions) == (5, 0)
-    assert job_ids(sessions) == set()
+    batches = [submit_batch(client, schema_id, 2) for _ in range(3)]
+    age(sessions, "jobs", "finished_at", 3, sorted(job_ids(sessions)), status="succeeded")
+    age(sessions, "batches", "created_at", 3, batches)
+    two_days = replace(settings, job_retention_days=2)
+    assert purge_expired(two_days, sessions) == Purged(4, 2, True)  # two transactions, rows left
+    assert purge_expired(two_days, sessions) == Purged(1, 1, False)
+    assert job_ids(sessions) == set() and client.get("/v1/batches").json()["total"] == 0
 
 
 def test_a_workers_reaper_thread_sweeps_when_it_starts(client, settings, sessions, schema_id, monkeypatch):
@@ -290,7 +298,7 @@ def test_a_key_is_per_tenant_and_forgotten_after_a_day(client, settings, session
 
     with sessions.begin() as s:  # a day-old key is swept by the workers whatever the retention
         s.execute(sa.text("UPDATE idempotency_keys SET created_at = :t"), {"t": utcnow() - timedelta(hours=25)})
-    assert purge_expired(settings, sessions) == (0, 0) and key_count(sessions) == 0
+    assert purge_expired(settings, sessions) == Purged(0, 0, False) and key_count(sessions) == 0
 
     _, alice = create_key(client.app.state.session_factory, "a", "alice")
     _, bob = create_key(client.app.state.session_factory, "b", "bob")

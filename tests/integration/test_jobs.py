@@ -372,7 +372,8 @@ def test_api_token_count_equals_the_workers_prompt(tiny_model):
 
 
 def test_broker_unreachable_at_submit_is_503_and_stores_nothing(stack):
-    counts = "SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches), (SELECT count(*) FROM idempotency_keys)"
+    counts = ("SELECT (SELECT count(*) FROM jobs), (SELECT count(*) FROM batches), "
+              "(SELECT count(*) FROM idempotency_keys)")
     before = stack.rows(counts)[0]
     down = replace(stack.settings, broker_url="redis://127.0.0.1:1/0", submit_timeout_s=2)
     one = {"schema_id": stack.schema_id, "document": "d"}
