@@ -22,7 +22,8 @@ skipped and says how to run it alone):
                 fp32 and bf16: batched speculative decoding against `none` one document at a time;
                 every output identical, or where it first differs, the reference's top-2 masked
                 logit gap
-  kernels       tests/kernels on the device (Triton compiled on CUDA; its interpreter on a CPU)
+  kernels       tests/kernels in Triton's interpreter, as `make test` runs them; on CUDA also the
+                attention's tests with the kernels compiled, on the GPU
   real-model    with --gguf: the default model's tokens per pass and tokens/s, batched against one
                 at a time, for `none` and composite speculation
   imports       the distributions the run imported: bundled, in the image, or missing
@@ -250,21 +251,27 @@ def subprocess_env() -> dict[str, str]:
 
 
 def run_kernel_tests(device: str, small: bool) -> dict[str, Any]:
-    env = subprocess_env()
-    if device == "cuda":
-        env.pop("TRITON_INTERPRET", None)
-    else:
-        env["TRITON_INTERPRET"] = "1"
+    """tests/kernels as `make test` runs them (the interpreter, CPU tensors); on CUDA also the
+    attention's tests with the kernels compiled, on the GPU (STRUCTSPEC_KERNEL_TESTS=cuda)."""
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"]
-    if small:
-        args += ["-x", "-k", "greedy and not large"]
+    out = {"summary": _pytest(args + (["-x", "-k", "greedy and not large"] if small else []),
+                              {"TRITON_INTERPRET": "1"})}
+    if device == "cuda":
+        out["attention_compiled"] = _pytest(args[:-1] + ["tests/kernels/test_attention.py"],
+                                            {"STRUCTSPEC_KERNEL_TESTS": "cuda"}, drop=("TRITON_INTERPRET",))
+    return out
+
+
+def _pytest(args: list[str], env_set: dict[str, str], drop: tuple[str, ...] = ()) -> str:
+    """Run pytest; its summary line, or RuntimeError with the tail of its output."""
+    env = {k: v for k, v in subprocess_env().items() if k not in drop} | env_set
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line or " error" in line),
                    tail[-1] if tail else "")
     if proc.returncode != 0:
         raise RuntimeError(f"kernel tests: {summary}\n" + "\n".join(tail[-40:]))
-    return {"summary": summary}
+    return summary
 
 
 def run_kernel_bench(device: str, small: bool) -> dict[str, Any]:
@@ -535,7 +542,8 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
         if name in ("env", "imports"):
             lines += [f"- {k}: {v}" for k, v in s.items() if k not in ("ok", "seconds")] + [""]
         elif name == "kernels":
-            lines += [s["summary"], ""]
+            lines += [f"interpreter: {s['summary']}"] + (
+                [f"attention compiled on the GPU: {s['attention_compiled']}"] if "attention_compiled" in s else []) + [""]
         elif name == "kernel-bench":
             lines += [s["markdown"], ""]
         elif name == "exactness":

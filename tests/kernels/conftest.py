@@ -4,6 +4,9 @@ Triton decides at ``@triton.jit`` decoration time whether a kernel is compiled
 or interpreted, so TRITON_INTERPRET must be set before any kernel module is
 imported.  That makes ``pytest tests/kernels`` work on a CPU-only machine
 without exporting the variable by hand.
+
+With STRUCTSPEC_KERNEL_TESTS=cuda the kernels are compiled instead: the GPU kit runs the
+tests that put their tensors on that device (test_attention.py) that way on a lent GPU.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-os.environ["TRITON_INTERPRET"] = "1"
+ON_CUDA = os.environ.get("STRUCTSPEC_KERNEL_TESTS") == "cuda"
+if not ON_CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"
 
 _ROOT = Path(__file__).resolve().parents[2]
 _HERE = Path(__file__).resolve().parent

@@ -4,13 +4,17 @@ batched engine running on them (in the interpreter) against the one-at-a-time re
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 import torch
 
 from kernels.attention import append_kv, attend, attention_reference, step_tables
 
-CPU = torch.device("cpu")
+# STRUCTSPEC_KERNEL_TESTS=cuda (conftest.py): the kernels compiled, on the GPU's tensors
+DEVICE = torch.device("cuda" if os.environ.get("STRUCTSPEC_KERNEL_TESTS") == "cuda" else "cpu")
+ENGINE_ON_CPU = pytest.mark.skipif(DEVICE.type == "cuda", reason="the engine tests run the interpreter on the CPU; "
+                                   "on a GPU the kit's exactness stage runs the engine")
 # (rows, past) per sequence: one-row decode steps, multi-row verification, a first prefill
 # chunk (past 0) longer than a query block, contexts longer than a key block
 SEQUENCES = [(1, 7), (5, 0), (3, 40), (20, 3), (1, 100), (17, 64)]
@@ -25,7 +29,7 @@ def make_case(dtype, heads, kv_heads, dim, dim_v, sequences=SEQUENCES, spare=5, 
     total = sum(rows)
 
     def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(dtype)
+        return torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)
 
     q, k, v = rand(total, heads, dim), rand(total, kv_heads, dim), rand(total, kv_heads, dim_v)
     k_bufs = [rand(kv_heads, p + r + spare, dim) for r, p in sequences]
@@ -39,7 +43,7 @@ def make_case(dtype, heads, kv_heads, dim, dim_v, sequences=SEQUENCES, spare=5, 
 def test_attend_matches_the_reference_and_writes_only_the_new_rows(dtype, heads, kv_heads, dim, dim_v, window):
     q, k, v, k_bufs, v_bufs, starts, rows, pasts = make_case(dtype, heads, kv_heads, dim, dim_v)
     ref_k, ref_v = [b.clone() for b in k_bufs], [b.clone() for b in v_bufs]
-    k_table, v_table, seg = step_tables(k_bufs, v_bufs, starts, rows, pasts, CPU)
+    k_table, v_table, seg = step_tables(k_bufs, v_bufs, starts, rows, pasts, DEVICE)
     out = attend(q, k, v, k_table, v_table, seg, max(rows), window=window)
     # The reference in fp32 from the same (rounded) inputs: the kernel accumulates in fp32.
     want = attention_reference(q.float(), k.float(), v.float(), [b.float() for b in ref_k],
@@ -59,14 +63,14 @@ def test_scale_and_query_strides_are_honoured():
     # queries as transformers hands them over: [heads, T, dim] viewed as [T, heads, dim]
     strided = q.transpose(0, 1).contiguous().transpose(0, 1)
     assert not strided.is_contiguous()
-    out = attend(strided, k, v, *step_tables(k_bufs, v_bufs, starts, rows, pasts, CPU), max(rows), scale=0.3)
+    out = attend(strided, k, v, *step_tables(k_bufs, v_bufs, starts, rows, pasts, DEVICE), max(rows), scale=0.3)
     want = attention_reference(q, k, v, ref_k, ref_v, starts, rows, pasts, scale=0.3)
     assert (out - want).abs().max().item() <= TOLERANCE[torch.float32]
 
 
 def test_append_alone_writes_each_sequences_rows_into_its_own_buffer():
     q, k, v, k_bufs, v_bufs, starts, rows, pasts = make_case(torch.float32, 2, 2, 16, 16)
-    append_kv(k, v, *step_tables(k_bufs, v_bufs, starts, rows, pasts, CPU))
+    append_kv(k, v, *step_tables(k_bufs, v_bufs, starts, rows, pasts, DEVICE))
     for i, (start, n, past) in enumerate(zip(starts, rows, pasts)):
         assert torch.equal(k_bufs[i][:, past:past + n], k[start:start + n].transpose(0, 1))
         assert torch.equal(v_bufs[i][:, past:past + n], v[start:start + n].transpose(0, 1))
@@ -75,13 +79,13 @@ def test_append_alone_writes_each_sequences_rows_into_its_own_buffer():
 def test_bad_tables_and_shapes_are_named():
     q, k, v, k_bufs, v_bufs, starts, rows, pasts = make_case(torch.float32, 4, 2, 16, 16, spare=0)
     with pytest.raises(ValueError, match="sequence 1: 0 \\+ 6 tokens do not fit its buffer of 5"):
-        step_tables(k_bufs, v_bufs, starts, [1, 6, 3, 20, 1, 17], pasts, CPU)
+        step_tables(k_bufs, v_bufs, starts, [1, 6, 3, 20, 1, 17], pasts, DEVICE)
     with pytest.raises(ValueError, match="one entry per sequence"):
-        step_tables(k_bufs, v_bufs[:-1], starts, rows, pasts, CPU)
+        step_tables(k_bufs, v_bufs[:-1], starts, rows, pasts, DEVICE)
     with pytest.raises(ValueError, match="must be contiguous"):
         step_tables([b.transpose(1, 2).contiguous().transpose(1, 2) for b in k_bufs], v_bufs, starts, rows, pasts,
-                    CPU)
-    tables = step_tables(k_bufs, v_bufs, starts, rows, pasts, CPU)
+                    DEVICE)
+    tables = step_tables(k_bufs, v_bufs, starts, rows, pasts, DEVICE)
     with pytest.raises(ValueError, match="not a multiple"):
         attend(q[:, :3], k, v, *tables, max(rows))
     with pytest.raises(ValueError, match="share a dtype"):
@@ -90,6 +94,7 @@ def test_bad_tables_and_shapes_are_named():
 
 # --- the engine on the kernels ------------------------------------------------------------------
 
+@ENGINE_ON_CPU
 def test_the_triton_runner_gives_the_torch_runners_logits_step_by_step(tiny_normal_loaded):
     """A prefill chunk, a multi-row verification and a one-row step for three sequences at
     once, through both attentions: the same logits within float rounding."""
@@ -117,6 +122,7 @@ def test_the_triton_runner_gives_the_torch_runners_logits_step_by_step(tiny_norm
         past = [p + n for p, n in zip(past, step_rows)]
 
 
+@ENGINE_ON_CPU
 def test_the_engine_on_triton_attention_matches_none_one_at_a_time(tiny_normal_loaded):
     """Greedy outputs of a batch on the Triton attention (interpreted) are those of `none` run
     alone on the torch attention, except where that reference's top-2 masked logits are a
@@ -139,6 +145,7 @@ def test_the_engine_on_triton_attention_matches_none_one_at_a_time(tiny_normal_l
     assert tally.identical + tally.near_tie == 4 and tally.identical >= 2
 
 
+@ENGINE_ON_CPU
 def test_a_triton_attention_that_fails_its_check_falls_back_to_torch(tiny_normal_loaded, monkeypatch, caplog):
     import kernels.attention
     from structspec.engine.runner import make_runner
