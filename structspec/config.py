@@ -97,8 +97,9 @@ class Settings:
     # is empty, lost its message (the API died before publishing, a broker lost it): the
     # reaper publishes it again. Duplicates are harmless (the claim is conditional).
     job_republish_after_s: int = 60
-    # Finished jobs and batches older than this many days are deleted, document and result (every
-    # worker sweeps once an hour, worker/retention.py); 0 = kept until deleted through the API.
+    # Jobs, batches (OpenAI-format too) and files that finished more than this many days ago are
+    # deleted, documents and results (every worker sweeps hourly, worker/retention.py); 0 = kept
+    # until deleted through the API.
     job_retention_days: int = 0
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503

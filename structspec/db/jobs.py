@@ -293,10 +293,15 @@ class BatchRepository:
 
     def finished_before(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:
         """Ids of batches created before `cutoff` whose jobs all finished before it, leaving out
-        those behind an OpenAI-format batch (its object reads its counts from the jobs)."""
+        those behind an OpenAI-format batch (they go with it: openai_batches.py)."""
         B = BatchRecord
-        open_or_recent = sa.select(J.id).where(J.batch_id == B.id, sa.or_(
-            J.status.not_in(TERMINAL_STATUSES), J.finished_at.is_(None), J.finished_at >= cutoff))
         behind_openai = sa.select(OpenAIBatchRecord.id).where(OpenAIBatchRecord.batch_id == B.id)
         return list(self.session.scalars(sa.select(B.id).where(
-            B.created_at < cutoff, ~open_or_recent.exists(), ~behind_openai.exists()).limit(limit)))
+            B.created_at < cutoff, ~unfinished_or_recent(B.id, cutoff), ~behind_openai.exists()).limit(limit)))
+
+
+def unfinished_or_recent(batch_id, cutoff: datetime):
+    """EXISTS a job of the batch `batch_id` (a column) that is unfinished or finished at or
+    after `cutoff`: what keeps a batch from retention."""
+    return sa.select(J.id).where(J.batch_id == batch_id, sa.or_(
+        J.status.not_in(TERMINAL_STATUSES), J.finished_at.is_(None), J.finished_at >= cutoff)).exists()

@@ -10,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, defer
 
 from structspec.db.columns import database_now
+from structspec.db.jobs import BatchRepository, unfinished_or_recent
 from structspec.db.models import FileRecord, OpenAIBatchRecord
 
 
@@ -84,3 +85,29 @@ def newest_first(session: Session, q, model, after: str | None, get, limit: int)
         q = q.where(sa.or_(model.created_at < cursor.created_at,
                            sa.and_(model.created_at == cursor.created_at, model.id < cursor.id)))
     return session.scalars(q.order_by(model.created_at.desc(), model.id.desc()).limit(limit)).all()
+
+
+# --- retention (worker/retention.py): every tenant's ------------------------------------------
+
+def delete_expired_openai_batches(session: Session, cutoff, limit: int) -> int:
+    """Delete up to `limit` OpenAI-format batches created before `cutoff` whose requests all
+    finished before it, with the structspec batch and jobs that ran them; returns how many.
+    (Their output files are files: delete_expired_files.)"""
+    B = OpenAIBatchRecord
+    rows = session.execute(sa.select(B.id, B.batch_id).where(B.created_at < cutoff,
+                                                             ~unfinished_or_recent(B.batch_id, cutoff))
+                           .limit(limit)).all()
+    for record_id, batch_id in rows:
+        session.execute(sa.delete(B).where(B.id == record_id))
+        if batch_id is not None:
+            BatchRepository(session).delete(batch_id)
+    return len(rows)
+
+
+def delete_expired_files(session: Session, cutoff, limit: int) -> int:
+    """Delete up to `limit` files (uploaded batch input, written batch output) created before
+    `cutoff`; returns how many."""
+    ids = list(session.scalars(sa.select(FileRecord.id).where(FileRecord.created_at < cutoff).limit(limit)))
+    if ids:
+        session.execute(sa.delete(FileRecord).where(FileRecord.id.in_(ids)))
+    return len(ids)

@@ -187,20 +187,51 @@ def test_retention_deletes_what_finished_before_the_cutoff_and_nothing_else(clie
     age(sessions, "jobs", "finished_at", 9, mixed[:2], status="succeeded")  # one still queued
     age(sessions, "jobs", "finished_at", 2, sorted(job_ids(sessions, new_batch)), status="succeeded")
 
-    assert purge_expired(settings, sessions) == Purged(0, 0, False)  # retention 0: keep everything
+    assert purge_expired(settings, sessions) == Purged()  # retention 0: keep everything
     assert len(job_ids(sessions)) == 12
 
     week = replace(settings, job_retention_days=7)
-    assert purge_expired(week, sessions) == Purged(1, 1, False)
+    assert purge_expired(week, sessions) == Purged(jobs=1, batches=1, more=False)
     assert old_done not in job_ids(sessions) and job_ids(sessions, old_batch) == set()
     assert_error(client.get(f"/v1/batches/{old_batch}"), 404)
     assert {new_done, old_queued} <= job_ids(sessions)
     assert len(job_ids(sessions, mixed_batch)) == 3 and len(job_ids(sessions, new_batch)) == 3
-    assert purge_expired(week, sessions) == Purged(0, 0, False)  # a second sweep finds nothing more
+    assert purge_expired(week, sessions) == Purged()  # a second sweep finds nothing more
 
     # new_done, new_batch
-    assert purge_expired(replace(settings, job_retention_days=1), sessions) == Purged(1, 1, False)
+    assert purge_expired(replace(settings, job_retention_days=1), sessions) == Purged(jobs=1, batches=1)
     assert job_ids(sessions) == {old_queued} | set(mixed)
+
+
+def test_retention_deletes_old_openai_format_batches_with_their_jobs_and_old_files(client, settings, sessions,
+                                                                                     schema_id):
+    from structspec.db.models import FileRecord
+
+    old, running, recent = (submit_batch(client, schema_id, 2) for _ in range(3))
+    age(sessions, "batches", "created_at", 10, [old, running, recent])
+    age(sessions, "jobs", "finished_at", 9, sorted(job_ids(sessions, old)), status="succeeded")
+    age(sessions, "jobs", "finished_at", 9, sorted(job_ids(sessions, running))[:1], status="succeeded")
+    age(sessions, "jobs", "finished_at", 1, sorted(job_ids(sessions, recent)), status="succeeded")
+    with sessions.begin() as s:
+        for name, batch, days in (("old", old, 10), ("running", running, 10), ("recent", recent, 10),
+                                  ("invalid", None, 10), ("new", None, 0)):
+            s.add(OpenAIBatchRecord(id=f"batch_{name}", batch_id=uuid.UUID(batch) if batch else None,
+                                    input_file_id="file-x", endpoint="/v1/chat/completions", completion_window="24h",
+                                    status="completed", total=2, invalid=[],
+                                    created_at=utcnow() - timedelta(days=days)))
+        for name, days in (("old", 8), ("new", 6)):
+            s.add(FileRecord(id=f"file-{name}", purpose="batch", filename="in.jsonl", bytes=1, content=b"x",
+                             created_at=utcnow() - timedelta(days=days)))
+    purged = purge_expired(replace(settings, job_retention_days=7), sessions)
+    assert (purged.openai_batches, purged.files, purged.batches, purged.more) == (2, 1, 0, False)
+    with sessions() as s:
+        assert set(s.scalars(sa.select(OpenAIBatchRecord.id))) == {"batch_running", "batch_recent", "batch_new"}
+        assert set(s.scalars(sa.select(FileRecord.id))) == {"file-new"}
+    assert job_ids(sessions, old) == set() and len(job_ids(sessions, running)) == 2
+    assert len(job_ids(sessions, recent)) == 2
+    with sessions.begin() as s:
+        s.execute(sa.delete(OpenAIBatchRecord))
+        s.execute(sa.delete(FileRecord))
 
 
 def test_retention_sweeps_a_backlog_in_short_transactions_over_several_rounds(client, settings, sessions, schema_id,
@@ -208,13 +239,14 @@ def test_retention_sweeps_a_backlog_in_short_transactions_over_several_rounds(cl
     monkeypatch.setattr(retention, "PURGE_CHUNK", 2)
     monkeypatch.setattr(retention, "BATCHES_PER_CHUNK", 1)
     monkeypatch.setattr(retention, "MAX_CHUNKS", 2)
-    ids = [submit(client, schema_id) for _ in range(5)]
+    for _ in range(5):
+        submit(client, schema_id)
     batches = [submit_batch(client, schema_id, 2) for _ in range(3)]
     age(sessions, "jobs", "finished_at", 3, sorted(job_ids(sessions)), status="succeeded")
     age(sessions, "batches", "created_at", 3, batches)
     two_days = replace(settings, job_retention_days=2)
-    assert purge_expired(two_days, sessions) == Purged(4, 2, True)  # two transactions, rows left
-    assert purge_expired(two_days, sessions) == Purged(1, 1, False)
+    assert purge_expired(two_days, sessions) == Purged(jobs=4, batches=2, more=True)  # two transactions, rows left
+    assert purge_expired(two_days, sessions) == Purged(jobs=1, batches=1, more=False)
     assert job_ids(sessions) == set() and client.get("/v1/batches").json()["total"] == 0
 
 
@@ -298,7 +330,7 @@ def test_a_key_is_per_tenant_and_forgotten_after_a_day(client, settings, session
 
     with sessions.begin() as s:  # a day-old key is swept by the workers whatever the retention
         s.execute(sa.text("UPDATE idempotency_keys SET created_at = :t"), {"t": utcnow() - timedelta(hours=25)})
-    assert purge_expired(settings, sessions) == Purged(0, 0, False) and key_count(sessions) == 0
+    assert purge_expired(settings, sessions) == Purged() and key_count(sessions) == 0
 
     _, alice = create_key(client.app.state.session_factory, "a", "alice")
     _, bob = create_key(client.app.state.session_factory, "b", "bob")
