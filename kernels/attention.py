@@ -41,7 +41,8 @@ BLOCK_N = 64  # keys per inner iteration
 BLOCK_R = 16  # rows per iteration of the append
 
 
-@triton.jit
+# num_seqs changes every step: not specialised, so a new batch size never compiles a new variant
+@triton.jit(do_not_specialize=["num_seqs"])
 def _append_kv_kernel(
     key_ptr,  # [T, KVH, D] the step's new keys (any row/head strides, unit last stride)
     value_ptr,  # [T, KVH, DV]
@@ -75,7 +76,7 @@ def _append_kv_kernel(
         tl.store(v_dst + (h * cap + past + r)[:, None] * DV + dv[None, :], v, mask=ok[:, None] & (dv[None, :] < DV))
 
 
-@triton.jit(do_not_specialize=["window"])
+@triton.jit(do_not_specialize=["num_seqs", "window"])
 def _attend_kernel(
     q_ptr,  # [T, H, D] the step's queries (unit last stride)
     out_ptr,  # [T, H, DV]
