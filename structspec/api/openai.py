@@ -26,6 +26,7 @@ import time
 from typing import Annotated, Any, Iterator
 
 import anyio
+import msgspec
 from litestar import Controller, MediaType, Request, Response, delete, get, post
 from litestar.datastructures import State, UploadFile
 from litestar.enums import RequestEncodingType
@@ -34,8 +35,8 @@ from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 
 from structspec.api.errors import ApiError, ErrorBody, handle_exception
-from structspec.api.extractions import provide_job_service
-from structspec.api.services.jobs import JobService
+from structspec.api.extractions import REPLAYED, provide_job_service
+from structspec.api.services.jobs import Idempotency, JobService
 from structspec.api.services.openai import (OpenAIBatchService, bad_request, completion, error_object, flatten,
                                             read_chat_request, served_model, stream_chunks)
 from structspec.config import Settings
@@ -146,8 +147,13 @@ class OpenAIController(Controller):
     # --- batches -------------------------------------------------------------------------------
 
     @post("/batches", sync_to_thread=True, status_code=200, summary="Create a batch from an uploaded file")
-    def create_batch(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> dict[str, Any]:
-        return batch_service(state, request).create(data)
+    def create_batch(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> Response[dict[str, Any]]:
+        key = request.headers.get("idempotency-key")
+        if key is not None and not 1 <= len(key) <= 255:
+            raise bad_request("the Idempotency-Key header must be 1 to 255 characters", "Idempotency-Key")
+        idem = Idempotency.of(key, f"POST {PREFIX}/batches", msgspec.json.encode(data))
+        batch, replayed = batch_service(state, request).create(data, idem)
+        return Response(batch, headers=REPLAYED if replayed else None)
 
     @get("/batches", sync_to_thread=True, summary="The tenant's batches, newest first")
     def list_batches(self, request: Request, state: State, after: str | None = None,

@@ -239,6 +239,28 @@ def test_files_and_batches_twenty_lines_two_bad(client):
         client.files.retrieve(file_id)
 
 
+def test_a_batch_created_again_with_its_idempotency_key_is_the_same_batch(client):
+    """The SDK retries a create whose answer it did not get; with an Idempotency-Key (extra_headers)
+    the retry answers with the batch the first create made, and nothing runs twice."""
+    file_id = upload(client, [batch_line(f"k-{i}", TINY_SCHEMA, f"label a {i}") for i in range(3)])
+    key = {"Idempotency-Key": f"create-{file_id}"}
+    args = dict(input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h")
+    first = client.batches.create(**args, extra_headers=key)
+    again = client.batches.with_raw_response.create(**args, extra_headers=key)
+    assert again.headers["idempotent-replayed"] == "true" and again.parse().id == first.id
+    assert wait_batch(client, first.id).request_counts.completed == 3
+    with pytest.raises(openai.UnprocessableEntityError, match="Idempotency-Key 'create-file-.*different request"):
+        client.batches.create(**{**args, "metadata": {"other": "request"}}, extra_headers=key)
+    with pytest.raises(openai.BadRequestError, match="must be 1 to 255 characters"):
+        client.batches.create(**args, extra_headers={"Idempotency-Key": "x" * 256})
+    bad = upload(client, ["not json"])
+    failed = client.batches.create(input_file_id=bad, endpoint="/v1/chat/completions", completion_window="24h",
+                                   extra_headers={"Idempotency-Key": f"create-{bad}"})
+    assert failed.status == "failed"
+    assert client.batches.create(input_file_id=bad, endpoint="/v1/chat/completions", completion_window="24h",
+                                 extra_headers={"Idempotency-Key": f"create-{bad}"}).id == failed.id
+
+
 def test_a_file_that_cannot_be_keyed_fails_the_batch_at_validation(client):
     file_id = upload(client, [batch_line("a", TINY_SCHEMA, "x"), "not json", batch_line("a", TINY_SCHEMA, "y"),
                               {"method": "POST"}])

@@ -112,11 +112,11 @@ class JobService:
                                                              options=options.as_dict(), stream=stream)])
             return {"id": str(job_id), "status": "queued"}
 
-        answer, replayed = self._store_once(idem, write)
+        answer, replayed = self.store_once(idem, write)
         if replayed:
             return answer, True
         job_id = uuid.UUID(answer["id"])
-        self.publish([job_id], undo=lambda s: (JobRepository(s).delete_many([job_id]), self._forget(s, idem)),
+        self.publish([job_id], undo=lambda s: (JobRepository(s).delete_many([job_id]), self.forget(s, idem)),
                      what={"job_id": job_id, "schema_id": schema_id})
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
                                          "strategy": options.strategy, "document_chars": len(document),
@@ -141,7 +141,7 @@ class JobService:
                                                    **{k: first.response[k] for k in ("id",) if k in first.response}})
             return first.response
 
-    def _store_once(self, idem: Idempotency | None,
+    def store_once(self, idem: Idempotency | None,
                     write: Callable[[Session], dict[str, Any]]) -> tuple[dict[str, Any], bool]:
         """Run `write` (it stores rows and returns the answer) in one transaction with `idem`'s
         key: (answer, False); or, when a concurrent request with the same key stored its rows
@@ -157,7 +157,7 @@ class JobService:
                 raise
             return first, True
 
-    def _forget(self, session: Session, idem: Idempotency | None) -> None:
+    def forget(self, session: Session, idem: Idempotency | None) -> None:
         """Undo part of a submission the broker did not take: its key goes with its jobs."""
         if idem is not None:
             IdempotencyRepository(session, self.tenant).delete(idem.key)
@@ -266,11 +266,11 @@ class JobService:
             ids[:] = JobRepository(session).add_many(rows)
             return msgspec.to_builtins(BatchAccepted(id=batch.id, total=len(rows), rejected=rejected))
 
-        answer, replayed = self._store_once(idem, write)
+        answer, replayed = self.store_once(idem, write)
         accepted = msgspec.convert(answer, BatchAccepted)
         if replayed:
             return accepted, True
-        self.publish(ids, undo=lambda s: (BatchRepository(s).delete(accepted.id), self._forget(s, idem)),
+        self.publish(ids, undo=lambda s: (BatchRepository(s).delete(accepted.id), self.forget(s, idem)),
                      what={"batch_id": accepted.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(accepted.id), "schema_id": str(schema_id),
                                            "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import msgspec
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError
-from structspec.api.services.jobs import JobService, PollInterval, grounding
+from structspec.api.services.jobs import Idempotency, JobService, PollInterval, grounding
 from structspec.api.structs import JobOptions
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, JobRepository
@@ -360,7 +360,11 @@ class OpenAIBatchService:
 
     # --- batches -------------------------------------------------------------------------------
 
-    def create(self, body: Any) -> dict[str, Any]:
+    def create(self, body: Any, idem: Idempotency | None = None) -> tuple[dict[str, Any], bool]:
+        """The new batch's object, and whether it answers a repeat of an earlier create with the
+        same Idempotency-Key (then it is that batch as it is now, and nothing new runs)."""
+        if (first := self.jobs.replay(idem)) is not None:
+            return self.get(first["id"]), True
         input_file_id, endpoint, window, metadata = self._check_create(body)
         with self.session_factory() as session:
             source = self._file(session, input_file_id)
@@ -370,29 +374,37 @@ class OpenAIBatchService:
         fields = dict(input_file_id=input_file_id, endpoint=endpoint, completion_window=window, metadata_=metadata)
         lines, problems = read_lines(content, self.settings.max_batch_size)
         if problems:
-            with self.session_factory.begin() as session:
-                record = OpenAIBatchRepository(session, self.tenant).add(
+            def failed(session) -> dict[str, Any]:
+                return {"id": OpenAIBatchRepository(session, self.tenant).add(
                     **fields, status="failed", total=0, invalid=[], failed_at=database_now(session),
-                    errors=[p.as_dict() for p in problems])
-                return self._object(session, record)
+                    errors=[p.as_dict() for p in problems]).id}
+
+            answer, replayed = self.jobs.store_once(idem, failed)
+            return self.get(answer["id"]), replayed
         rows, invalid = self._jobs_of(lines, endpoint)
-        with self.session_factory.begin() as session:
+        stored: dict[str, Any] = {}
+
+        def write(session) -> dict[str, Any]:
             now = database_now(session)
-            batch_id = None
+            stored["batch_id"] = None
             if rows:
                 batch = BatchRepository(session).add(tenant=self.tenant, schema_id=None, total=len(rows), options={})
-                batch_id = batch.id
+                stored["batch_id"] = batch.id
                 for row in rows:
-                    row["batch_id"] = batch_id
-                ids = JobRepository(session).add_many(rows)
+                    row["batch_id"] = batch.id
+                stored["ids"] = JobRepository(session).add_many(rows)
             record = OpenAIBatchRepository(session, self.tenant).add(
-                **fields, status="in_progress", batch_id=batch_id, total=len(lines), invalid=invalid,
+                **fields, status="in_progress", batch_id=stored["batch_id"], total=len(lines), invalid=invalid,
                 in_progress_at=now, expires_at=now + COMPLETION_WINDOWS[window])
-            record_id = record.id
-        if rows:
-            self.jobs.publish(ids, undo=lambda s: _delete(s, record_id, batch_id),
+            return {"id": record.id}
+
+        answer, replayed = self.jobs.store_once(idem, write)
+        record_id, batch_id = answer["id"], stored.get("batch_id")
+        if rows and not replayed:
+            self.jobs.publish(stored["ids"],
+                              undo=lambda s: (_delete(s, record_id, batch_id), self.jobs.forget(s, idem)),
                               what={"openai_batch_id": record_id, "batch_id": batch_id})
-        return self.get(record_id)
+        return self.get(record_id), replayed
 
     def _check_create(self, body: Any) -> tuple[str, str, str, dict[str, str] | None]:
         if not isinstance(body, dict):
