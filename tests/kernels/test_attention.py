@@ -38,7 +38,9 @@ def make_case(dtype, heads, kv_heads, dim, dim_v, sequences=SEQUENCES, spare=5, 
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("heads, kv_heads, dim, dim_v", [(4, 4, 64, 64), (6, 2, 40, 40), (3, 1, 16, 32)])
+# SmolLM2's 9 heads over 3 kv heads and Qwen2.5's 14 over 2 among them
+@pytest.mark.parametrize("heads, kv_heads, dim, dim_v", [(4, 4, 64, 64), (6, 2, 40, 40), (3, 1, 16, 32),
+                                                         (9, 3, 64, 64), (14, 2, 64, 64)])
 @pytest.mark.parametrize("window", [None, 6])
 def test_attend_matches_the_reference_and_writes_only_the_new_rows(dtype, heads, kv_heads, dim, dim_v, window):
     q, k, v, k_bufs, v_bufs, starts, rows, pasts = make_case(dtype, heads, kv_heads, dim, dim_v)
