@@ -101,6 +101,10 @@ class Settings:
     # deleted, documents and results (every worker sweeps hourly, worker/retention.py); 0 = kept
     # until deleted through the API.
     job_retention_days: int = 0
+    # Batch webhooks (worker/webhooks.py): the hosts a batch's webhook_url may name, comma-separated
+    # ("*": any); empty = webhooks refused (422). With a secret, each POST is signed (HMAC-SHA256).
+    webhook_hosts: str = ""
+    webhook_secret: str = ""
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
     # POST /openai/v1/chat/completions waits this long for its job; then 504 naming the job

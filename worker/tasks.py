@@ -13,7 +13,8 @@ The reaper (every worker runs one) is what guarantees that every job ends:
     once it has had STRUCTSPEC_JOB_MAX_ATTEMPTS attempts;
   - a job still `queued` long after its message was published, while the broker's queue is
     empty, lost its message and is published again.
-It also deletes what finished longer ago than STRUCTSPEC_JOB_RETENTION_DAYS (worker/retention.py).
+It also POSTs the webhooks of finished batches (worker/webhooks.py) and deletes what finished
+longer ago than STRUCTSPEC_JOB_RETENTION_DAYS (worker/retention.py).
 It runs in each worker rather than in Celery beat: no extra process to deploy (or to lose),
 and the conditional UPDATEs let any number of reapers run at once.
 """
@@ -48,6 +49,7 @@ from structspec.services.strategy import InFlight, acceptance_curve, concrete_op
 from worker.app import RUN_JOBS, app, enqueue, queue_depth
 from worker.progress import PROGRESS, Pieces
 from worker.retention import PURGE_EVERY_S, purge_expired
+from worker.webhooks import deliver_webhooks
 
 log = logging.getLogger("structspec.worker")
 
@@ -494,8 +496,9 @@ def _ref_fields(job_id: uuid.UUID, refs: dict) -> dict[str, str]:
 
 class Reaper:
     """Runs `reap` at worker start and then every min(job_lease_s, job_republish_after_s) / 2
-    seconds (at least 1 s); and the retention sweep (worker/retention.py) at start and then
-    hourly, or at the next round after a sweep that failed or left a backlog."""
+    seconds (at least 1 s), with the batch webhooks that are due (worker/webhooks.py); and the
+    retention sweep (worker/retention.py) at start and then hourly, or at the next round after a
+    sweep that failed or left a backlog."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -517,6 +520,10 @@ class Reaper:
                 reap(self.settings, sessions)
             except Exception as e:
                 log.warning("reaper round failed: %s", e)
+            try:
+                deliver_webhooks(self.settings, sessions)
+            except Exception as e:
+                log.warning("webhook round failed: %s", preview(e))
             if time.monotonic() >= next_purge:
                 try:
                     more = purge_expired(self.settings, sessions).more

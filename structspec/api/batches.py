@@ -39,7 +39,9 @@ BATCH_BODY = RequestBody(required=True, content={
         properties={"schema_id": Schema(type=OpenAPIType.STRING),
                     "documents": Schema(type=OpenAPIType.ARRAY, items=_ENTRY, min_items=1),
                     "options": Schema(one_of=[Reference(ref="#/components/schemas/JobOptions"),
-                                              Schema(type=OpenAPIType.NULL)])})),
+                                              Schema(type=OpenAPIType.NULL)]),
+                    "webhook_url": Schema(one_of=[Schema(type=OpenAPIType.STRING, max_length=2048),
+                                                  Schema(type=OpenAPIType.NULL)])})),
     NDJSON: OpenAPIMediaType(schema=Schema(
         type=OpenAPIType.STRING, description='one {"id"?: string | integer, "document": string} per line')),
 })
@@ -58,9 +60,9 @@ class BatchController(Controller):
     dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
 
     @post("/", status_code=202, summary="Submit a batch of documents",
-          description="JSON {schema_id, documents: [{id?, document}], options?}, or an NDJSON body "
-                      "(Content-Type application/x-ndjson, one {id?, document} per line) with schema_id "
-                      "and options as query parameters. Bad entries are listed in `rejected`.",
+          description="JSON {schema_id, documents: [{id?, document}], options?, webhook_url?}, or an NDJSON "
+                      "body (Content-Type application/x-ndjson, one {id?, document} per line) with schema_id, "
+                      "options and webhook_url as query parameters. Bad entries are listed in `rejected`.",
           responses=_errors(400, 404, 413, 422, 503), operation_class=BatchSubmitOperation)
     async def submit(
             self, request: Request, jobs: Jobs, idempotency_key: IdempotencyKey = None,
@@ -74,7 +76,9 @@ class BatchController(Controller):
             seed: Annotated[int | None, QueryParameter(description=_OPTION)] = None,
             max_tokens: Annotated[int | None, QueryParameter(description=_OPTION,
                                                              schema_extra=option_keywords("max_tokens"))] = None,
-            verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None) -> Response[BatchAccepted]:
+            verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None,
+            webhook_url: Annotated[str | None, QueryParameter(description=_OPTION, max_length=2048)] = None
+    ) -> Response[BatchAccepted]:
         # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
         data = await request.body()
         content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -84,7 +88,7 @@ class BatchController(Controller):
             options = JobOptions(strategy=strategy, draft_len=draft_len, temperature=temperature, seed=seed,
                                  max_tokens=max_tokens, verbatim=verbatim)
             accepted, replayed = await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options,
-                                                                idem)
+                                                                idem, webhook_url)
         else:
             accepted, replayed = await anyio.to_thread.run_sync(jobs.submit_batch_json, decode_batch(data), idem)
         return Response(accepted, status_code=202, headers=REPLAYED if replayed else None)

@@ -184,6 +184,9 @@ class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     schema_id: str
     documents: list[Any]
     options: JobOptions | None = None
+    webhook_url: Annotated[str, msgspec.Meta(
+        max_length=2048, description="POSTed the batch once every job has finished (docs/api.md, Webhooks); "
+                                     "its host must be in STRUCTSPEC_WEBHOOK_HOSTS")] | None = None
 
 
 class Rejected(msgspec.Struct, kw_only=True):
@@ -224,6 +227,13 @@ class BatchCounts(msgspec.Struct, kw_only=True):
     cancelled: int = 0
 
 
+class BatchWebhook(msgspec.Struct, kw_only=True):
+    url: str
+    delivered_at: Annotated[datetime | None, msgspec.Meta(description="when the URL answered 2xx")]
+    attempts: int
+    error: Annotated[str | None, msgspec.Meta(description="the last failed try's reason")]
+
+
 class BatchRead(msgspec.Struct, kw_only=True):
     id: uuid.UUID
     schema_id: Annotated[uuid.UUID | None, msgspec.Meta(
@@ -234,6 +244,7 @@ class BatchRead(msgspec.Struct, kw_only=True):
         description="queued | running | succeeded | failed | cancelled | partial (see docs/api.md)")]
     created_at: datetime
     finished_at: datetime | None
+    webhook: BatchWebhook | None = None
 
 
 class BatchPage(msgspec.Struct, kw_only=True):

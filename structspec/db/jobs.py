@@ -266,9 +266,10 @@ class BatchRepository:
     def get(self, batch_id: uuid.UUID) -> BatchRecord | None:
         return self.session.get(BatchRecord, batch_id)
 
-    def add(self, *, tenant: str, schema_id: uuid.UUID | None, total: int, options: dict[str, Any]) -> BatchRecord:
+    def add(self, *, tenant: str, schema_id: uuid.UUID | None, total: int, options: dict[str, Any],
+            webhook_url: str | None = None) -> BatchRecord:
         record = BatchRecord(id=uuid.uuid4(), tenant=tenant, schema_id=schema_id, total=total, options=options,
-                             created_at=database_now(self.session))
+                             created_at=database_now(self.session), webhook_url=webhook_url)
         self.session.add(record)
         self.session.flush()
         return record
@@ -286,6 +287,39 @@ class BatchRepository:
         total = self.session.scalar(sa.select(sa.func.count()).select_from(B).where(*where)) or 0
         q = sa.select(B).where(*where).order_by(B.created_at.desc(), B.id.desc()).limit(limit).offset(offset)
         return self.session.scalars(q).all(), total
+
+    # --- webhooks (worker/webhooks.py) -------------------------------------------------------------
+
+    def webhooks_due(self, max_attempts: int, limit: int) -> list[uuid.UUID]:
+        """Batches with an undelivered webhook whose jobs have all finished, not held back (a try
+        in flight, or a backoff) and with tries left."""
+        B, now = BatchRecord, database_now(self.session)
+        unfinished = sa.select(J.id).where(J.batch_id == B.id, J.status.not_in(TERMINAL_STATUSES)).exists()
+        return list(self.session.scalars(sa.select(B.id).where(
+            B.webhook_url.is_not(None), B.webhook_delivered_at.is_(None), B.webhook_attempts < max_attempts,
+            sa.or_(B.webhook_next_at.is_(None), B.webhook_next_at <= now), ~unfinished).limit(limit)))
+
+    def claim_webhook(self, batch_id: uuid.UUID, hold_s: float) -> bool:
+        """Take the next try of a due webhook (one reaper of many): counts the try and holds the
+        batch back for `hold_s`; False when another reaper took it first."""
+        B, now = BatchRecord, database_now(self.session)
+        return self.session.execute(
+            sa.update(B).where(B.id == batch_id, B.webhook_delivered_at.is_(None),
+                               sa.or_(B.webhook_next_at.is_(None), B.webhook_next_at <= now))
+            .values(webhook_attempts=B.webhook_attempts + 1, webhook_next_at=now + timedelta(seconds=hold_s))
+            .execution_options(synchronize_session=False)).rowcount == 1
+
+    def webhook_done(self, batch_id: uuid.UUID, error: str | None, retry_s: float | None) -> None:
+        """Record a try: delivered (error None), or failed with `error`, tried again after
+        `retry_s` (None: no try left)."""
+        B, now = BatchRecord, database_now(self.session)
+        values: dict[str, Any] = ({"webhook_delivered_at": now, "webhook_next_at": None, "webhook_error": None}
+                                  if error is None else
+                                  {"webhook_error": error,
+                                   "webhook_next_at": now + timedelta(seconds=retry_s) if retry_s is not None
+                                   else None})
+        self.session.execute(sa.update(B).where(B.id == batch_id).values(**values)
+                             .execution_options(synchronize_session=False))
 
     def openai_batch_of(self, batch_id: uuid.UUID) -> str | None:
         """The id of the OpenAI-format batch whose requests run as this batch's jobs, if any."""

@@ -98,6 +98,13 @@ class BatchRecord(Base):
     options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     cancelled_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, default=None)
+    # POSTed once every job has finished (worker/webhooks.py): delivered_at once a 2xx came back;
+    # until then each try counts, the next waits until next_at, and the last failure is kept
+    webhook_url: Mapped[str | None] = mapped_column(sa.String(2048), nullable=True, default=None)
+    webhook_delivered_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, default=None)
+    webhook_attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
+    webhook_next_at: Mapped[datetime | None] = mapped_column(UTCDateTime, nullable=True, default=None)
+    webhook_error: Mapped[str | None] = mapped_column(sa.Text, nullable=True, default=None)
 
 
 class JobRecord(Base):

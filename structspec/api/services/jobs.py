@@ -15,6 +15,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import msgspec
 from sqlalchemy.exc import IntegrityError
@@ -23,7 +24,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
                                    from_registry)
 from structspec.api.services.doclen import DocumentLengthChecker
-from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchPage, BatchRead, ExtractionCreate,
+from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchPage, BatchRead, BatchWebhook,
+                                    ExtractionCreate,
                                     JobAccepted, JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings,
                                     Rejected)
 from structspec.config import Settings
@@ -73,6 +75,29 @@ class Idempotency:
         for part in parts:
             digest.update(len(part).to_bytes(8, "big") + part)
         return cls(key, digest.hexdigest())
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """A batch's webhook_url as submitted, and where it came from (for the 422 naming it)."""
+
+    url: str
+    path: str
+    source: str
+
+    def check(self, hosts_setting: str) -> None:
+        """422 unless the URL is http(s) with a host that STRUCTSPEC_WEBHOOK_HOSTS allows."""
+        allowed = {h.strip().lower() for h in hosts_setting.split(",") if h.strip()}
+        parts = urlsplit(self.url)
+        if not allowed:
+            problem = "webhooks are off on this server (STRUCTSPEC_WEBHOOK_HOSTS names the hosts they may call)"
+        elif parts.scheme not in ("http", "https") or not parts.hostname:
+            problem = "webhook_url must be an http:// or https:// URL with a host"
+        elif "*" not in allowed and parts.hostname.lower() not in allowed:
+            problem = f"webhook_url's host {parts.hostname!r} is not one of STRUCTSPEC_WEBHOOK_HOSTS"
+        else:
+            return
+        raise UnprocessableError(problem, [ErrorItem(path=self.path, message=problem, source=self.source)])
 
 
 class JobService:
@@ -210,10 +235,13 @@ class JobService:
     def submit_batch_json(self, data: BatchCreate, idem: Idempotency | None = None) -> tuple[BatchAccepted, bool]:
         """The stored batch, and whether this answer replays an earlier submission's (`idem`)."""
         entries = [(i + 1, raw, None) for i, raw in enumerate(data.documents)]
-        return self._submit_batch(data.schema_id, data.options, entries, where="/documents/{i}", idem=idem)
+        webhook = Webhook(data.webhook_url, "/webhook_url", "body") if data.webhook_url is not None else None
+        return self._submit_batch(data.schema_id, data.options, entries, where="/documents/{i}", idem=idem,
+                                  webhook=webhook)
 
     def submit_batch_ndjson(self, body: bytes, schema_id: str | None, options: JobOptions,
-                            idem: Idempotency | None = None) -> tuple[BatchAccepted, bool]:
+                            idem: Idempotency | None = None, webhook_url: str | None = None
+                            ) -> tuple[BatchAccepted, bool]:
         if not schema_id:
             raise UnprocessableError("query parameter schema_id is required for an NDJSON batch",
                                      [ErrorItem(path="schema_id", message="missing", source="query")])
@@ -225,13 +253,16 @@ class JobService:
                 entries.append((n, msgspec.json.decode(line), None))
             except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as e:
                 entries.append((n, None, f"not valid JSON: {e}"))
-        return self._submit_batch(schema_id, options, entries, where="line {n}", idem=idem)
+        webhook = Webhook(webhook_url, "webhook_url", "query") if webhook_url is not None else None
+        return self._submit_batch(schema_id, options, entries, where="line {n}", idem=idem, webhook=webhook)
 
     def _submit_batch(self, schema_id_text: str, options_in: JobOptions | None,
                       entries: list[tuple[int, Any, str | None]], where: str,
-                      idem: Idempotency | None) -> tuple[BatchAccepted, bool]:
+                      idem: Idempotency | None, webhook: "Webhook | None" = None) -> tuple[BatchAccepted, bool]:
         if (first := self.replay(idem)) is not None:
             return msgspec.convert(first, BatchAccepted), True
+        if webhook is not None:
+            webhook.check(self.settings.webhook_hosts)
         limit = self.settings.max_batch_size
         if len(entries) > limit:
             raise PayloadTooLargeError(
@@ -260,7 +291,7 @@ class JobService:
 
         def write(session: Session) -> dict[str, Any]:
             batch = BatchRepository(session).add(tenant=self.tenant, schema_id=schema_id, total=len(rows),
-                                                 options=stored)
+                                                 options=stored, webhook_url=webhook.url if webhook else None)
             for row in rows:
                 row["batch_id"] = batch.id
             ids[:] = JobRepository(session).add_many(rows)
@@ -524,8 +555,10 @@ def batch_status(counts: dict[str, int], cancelled: bool) -> str:
 def to_batch_read(b: BatchRecord, counts: dict[str, int], latest) -> BatchRead:
     status = batch_status(counts, b.cancelled_at is not None)
     done = status not in ("queued", "running")
+    webhook = None if b.webhook_url is None else BatchWebhook(
+        url=b.webhook_url, delivered_at=b.webhook_delivered_at, attempts=b.webhook_attempts, error=b.webhook_error)
     return BatchRead(id=b.id, schema_id=b.schema_id, total=b.total, counts=BatchCounts(**counts), status=status,
-                     created_at=b.created_at, finished_at=latest if done else None)
+                     created_at=b.created_at, finished_at=latest if done else None, webhook=webhook)
 
 
 def _get_or_404(repository, record_id: str, what: str, tenant: str):

@@ -1,0 +1,179 @@
+"""Batch webhooks (worker/webhooks.py) against a real HTTP receiver on this machine, on SQLite
+and PostgreSQL. No worker runs: the jobs are finished by SQL, and the reaper's webhook round
+(`deliver_webhooks`) is called directly."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import uuid
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import sqlalchemy as sa
+from litestar.testing import TestClient
+
+from integration_helpers import assert_error
+from structspec.api.app import create_app
+from structspec.db.jobs import BatchRepository
+from worker import webhooks
+from worker.webhooks import deliver_webhooks
+
+SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
+SECRET = "s3cret"
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that records each POST and answers with the next status."""
+
+    def __init__(self, statuses: list[int] | None = None):
+        self.posts: list[tuple[dict[str, str], bytes]] = []
+        self.statuses = statuses or []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver()
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def hooked(settings):
+    """Settings that allow webhooks to this machine, signed; and a client of them."""
+    allowed = replace(settings, webhook_hosts="127.0.0.1, localhost", webhook_secret=SECRET)
+    with TestClient(create_app(allowed), raise_server_exceptions=False) as client:
+        yield allowed, client
+
+
+def new_batch(client, url: str, n: int = 2) -> str:
+    sid = client.post("/v1/schemas", json={"name": f"hook-{uuid.uuid4().hex[:6]}", "schema": SCHEMA}).json()["id"]
+    r = client.post("/v1/batches", json={"schema_id": sid, "webhook_url": url,
+                                         "documents": [{"document": f"Total: {i}"} for i in range(n)]})
+    assert r.status_code == 202, r.text
+    return r.json()["id"]
+
+
+def finish(sessions, batch_id: str, status: str = "succeeded") -> None:
+    with sessions.begin() as s:
+        key = uuid.UUID(batch_id).hex if s.get_bind().dialect.name == "sqlite" else uuid.UUID(batch_id)
+        s.execute(sa.text("UPDATE jobs SET status = :st, finished_at = CURRENT_TIMESTAMP WHERE batch_id = :b"),
+                  {"st": status, "b": key})
+
+
+def make_due(sessions, batch_id: str) -> None:
+    """As if the backoff after a failure had passed."""
+    with sessions.begin() as s:
+        s.execute(sa.update(sa.table("batches", sa.column("id"), sa.column("webhook_next_at")))
+                  .where(sa.column("id") == (uuid.UUID(batch_id).hex if s.get_bind().dialect.name == "sqlite"
+                                             else uuid.UUID(batch_id)))
+                  .values(webhook_next_at=None))
+
+
+def test_a_finished_batch_posts_its_webhook_once_signed_with_what_get_answers(hooked, sessions, receiver):
+    settings, client = hooked
+    batch_id = new_batch(client, receiver.url)
+    assert deliver_webhooks(settings, sessions) == 0 and receiver.posts == []  # not finished yet
+    finish(sessions, batch_id)
+    assert deliver_webhooks(settings, sessions) == 1
+    [(headers, body)] = receiver.posts
+    assert headers["structspec-signature"] == "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+    assert headers["content-type"] == "application/json"
+    event = json.loads(body)
+    assert event["type"] == "batch.finished" and event["delivery"] == batch_id
+    assert event["results_url"] == f"/v1/batches/{batch_id}/results"
+    now = client.get(f"/v1/batches/{batch_id}").json()
+    assert {k: event["batch"][k] for k in ("id", "status", "counts", "total", "finished_at")} == \
+        {k: now[k] for k in ("id", "status", "counts", "total", "finished_at")}
+    assert event["batch"]["status"] == "succeeded" and event["batch"]["counts"]["succeeded"] == 2
+    assert now["webhook"]["url"] == receiver.url and now["webhook"]["attempts"] == 1
+    assert now["webhook"]["delivered_at"] is not None and now["webhook"]["error"] is None
+    assert deliver_webhooks(settings, sessions) == 0 and len(receiver.posts) == 1  # once
+
+
+def test_a_failing_url_is_retried_after_a_backoff_and_given_up_after_the_last_try(hooked, sessions, monkeypatch):
+    settings, client = hooked
+    monkeypatch.setattr(webhooks, "MAX_ATTEMPTS", 3)
+    failing = Receiver([500, 503, 502])
+    try:
+        batch_id = new_batch(client, failing.url)
+        finish(sessions, batch_id, "cancelled")
+        assert deliver_webhooks(settings, sessions) == 0
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert hook["attempts"] == 1 and hook["error"] == "HTTP 500: ok" and hook["delivered_at"] is None
+        assert deliver_webhooks(settings, sessions) == 0 and len(failing.posts) == 1  # backing off
+        for expected in (2, 3):
+            make_due(sessions, batch_id)
+            deliver_webhooks(settings, sessions)
+            assert len(failing.posts) == expected
+        make_due(sessions, batch_id)
+        assert deliver_webhooks(settings, sessions) == 0 and len(failing.posts) == 3  # no try left
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert hook["attempts"] == 3 and hook["error"] == "HTTP 502: ok"
+        assert json.loads(failing.posts[0][1])["batch"]["status"] == "cancelled"
+    finally:
+        failing.close()
+
+
+def test_an_unreachable_url_is_recorded_and_a_try_is_taken_by_one_worker_only(hooked, sessions):
+    settings, client = hooked
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    batch_id = new_batch(client, f"http://127.0.0.1:{port}/gone")
+    finish(sessions, batch_id)
+    assert deliver_webhooks(settings, sessions) == 0
+    hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+    assert hook["attempts"] == 1 and hook["error"].startswith("ConnectError")
+    make_due(sessions, batch_id)
+    with sessions.begin() as s:
+        assert BatchRepository(s).claim_webhook(uuid.UUID(batch_id), 60)
+    with sessions.begin() as s:
+        assert not BatchRepository(s).claim_webhook(uuid.UUID(batch_id), 60)  # held by the first
+
+
+def test_webhook_urls_are_refused_unless_their_host_is_allowed(hooked, client):
+    settings, allowed = hooked
+    sid = allowed.post("/v1/schemas", json={"name": "r", "schema": SCHEMA}).json()["id"]
+    docs = {"schema_id": sid, "documents": [{"document": "x"}]}
+    err = assert_error(client.post("/v1/batches", json={**docs, "webhook_url": "http://127.0.0.1/h"}), 422)
+    assert "webhooks are off on this server" in err["detail"] and err["errors"][0]["path"] == "/webhook_url"
+    for url, why in (("http://example.com/h", "host 'example.com' is not one of STRUCTSPEC_WEBHOOK_HOSTS"),
+                     ("ftp://127.0.0.1/h", "must be an http:// or https:// URL"), ("127.0.0.1", "with a host")):
+        assert why in assert_error(allowed.post("/v1/batches", json={**docs, "webhook_url": url}), 422)["detail"]
+    r = allowed.post(f"/v1/batches?schema_id={sid}&webhook_url=http://evil.test/", content=b'{"document": "x"}\n',
+                     headers={"content-type": "application/x-ndjson"})
+    assert assert_error(r, 422)["errors"][0] == {"path": "webhook_url", "keyword": None, "source": "query",
+                                                 "message": "webhook_url's host 'evil.test' is not one of "
+                                                            "STRUCTSPEC_WEBHOOK_HOSTS"}
+    r = allowed.post(f"/v1/batches?schema_id={sid}&webhook_url=http://localhost:9/h", content=b'{"document": "x"}\n',
+                     headers={"content-type": "application/x-ndjson"})
+    assert r.status_code == 202
+    assert allowed.get(f"/v1/batches/{r.json()['id']}").json()["webhook"]["url"] == "http://localhost:9/h"
+    assert allowed.get("/v1/batches").json()["items"][0]["webhook"]["attempts"] == 0
