@@ -456,7 +456,8 @@ def cmd_batch(args) -> int:
         ndjson = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as e:
         raise CliError(f"cannot read {args.file}: {e.strerror}") from None
-    return run_client(args, lambda client, sid: batch(client, sid, ndjson, client_options(args)))
+    params = {**client_options(args), **({"webhook_url": args.webhook_url} if args.webhook_url else {})}
+    return run_client(args, lambda client, sid: batch(client, sid, ndjson, params))
 
 
 def _non_negative(text: str) -> int:
@@ -732,6 +733,9 @@ def add_batch_command(sub, defaults: Settings) -> None:
     add_client_args(p, defaults, schema_required=False)
     p.add_argument("--attach", metavar="BATCH_ID",
                    help="wait for a batch submitted earlier (its id is printed at submission) and print its results")
+    p.add_argument("--webhook-url", metavar="URL",
+                   help="the server's workers POST the batch here once it has finished (the host must be in the "
+                        "server's STRUCTSPEC_WEBHOOK_HOSTS)")
     p.set_defaults(func=cmd_batch)
 
 

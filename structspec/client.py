@@ -143,7 +143,8 @@ def submit(client: Client, schema_id: str, documents: list[tuple[str, str]], opt
 
 
 def batch(client: Client, schema_id: str, ndjson: bytes, options: dict[str, Any], poll_s: float = 1.0) -> int:
-    """Upload NDJSON as one batch; report rejected lines; wait; stream results. 0 if succeeded."""
+    """Upload NDJSON as one batch (`options`: job options and webhook_url, sent as query
+    parameters); report rejected lines; wait; stream results. 0 if succeeded."""
     params = {"schema_id": schema_id,
               **{k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}}
     created = client.call("POST", "/v1/batches", params=params, content=ndjson,

@@ -124,3 +124,14 @@ def test_attach_names_a_refused_results_stream_and_an_interrupted_wait_says_how_
         client_module.attach(c, "b1")
     assert "batch b1 goes on in the server; `structspec batch --attach b1` waits for it again" in \
         capsys.readouterr().err
+
+
+def test_batch_sends_its_options_and_webhook_url_as_query_parameters(no_sleep, capsys):
+    created = httpx.Response(202, json={"id": "b1", "total": 2, "rejected": []})
+    http, seen = scripted(created, batch_state(2, finished=True), httpx.Response(200, content=b""))
+    with Client("http://server", http=http) as c:
+        assert client_module.batch(c, "s1", b'{"document": "x"}\n',
+                                   {"max_tokens": 64, "verbatim": True, "webhook_url": "https://hooks.test/b"}) == 0
+    params = dict(seen[0].url.params)
+    assert params == {"schema_id": "s1", "max_tokens": "64", "verbatim": "true", "webhook_url": "https://hooks.test/b"}
+    assert seen[0].headers["content-type"] == "application/x-ndjson" and "idempotency-key" in seen[0].headers
