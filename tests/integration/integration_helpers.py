@@ -1,7 +1,10 @@
-"""Assertions shared by the integration tests (importable by name: pytest puts this
-directory on sys.path)."""
+"""Assertions and a webhook receiver shared by the integration tests (importable by name:
+pytest puts this directory on sys.path)."""
 
 from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ERROR_KEYS = {"status_code", "detail", "errors"}
 ERROR_ITEM_KEYS = {"path", "keyword", "message", "source"}
@@ -21,3 +24,33 @@ def assert_error(response, status: int) -> dict:
         assert isinstance(item["message"], str) and item["message"]
     assert "Traceback" not in response.text and 'File "' not in response.text
     return body
+
+
+class Receiver:
+    """An HTTP server on 127.0.0.1 that records each POST and answers with the next status."""
+
+    def __init__(self, statuses: list[int] | None = None):
+        self.posts: list[tuple[dict[str, str], bytes]] = []
+        self.statuses = statuses or []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers["content-length"]))
+                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                status = receiver.statuses.pop(0) if receiver.statuses else 200
+                self.send_response(status)
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()

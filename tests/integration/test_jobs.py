@@ -10,6 +10,8 @@ message was lost is published again 3 s after its last publish.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 import time
@@ -22,13 +24,14 @@ import pytest
 from litestar.testing import TestClient
 
 from conftest import REDIS_URL, postgres_database, require_url
-from integration_helpers import assert_error
+from integration_helpers import Receiver, assert_error
 from jobs_helpers import query, TINY_SCHEMA, Worker, build_tiny_model, poll
 from structspec.api.app import create_app
 from structspec.config import Settings
 from structspec.db import migrate
 
 STACKS = ["embedded", "redis-postgresql"]
+WEBHOOKS = {"webhook_hosts": "127.0.0.1", "webhook_secret": "stack-secret"}  # test_a_batch_webhook_...
 JOB_TIMEOUT = 60
 BATCH_TIMEOUT = 120
 
@@ -64,13 +67,14 @@ class Stack:
 def stack(request, tiny_model, tmp_path_factory):
     data_dir = tmp_path_factory.mktemp(request.param)
     if request.param == "embedded":
-        settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", job_lease_s=3, job_republish_after_s=3)
+        settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", job_lease_s=3, job_republish_after_s=3,
+                            **WEBHOOKS)
         yield from _run_stack(settings, tiny_model, data_dir)
     else:
         broker = require_url("Redis", REDIS_URL, 6379)
         with postgres_database("structspec_test_jobs") as db:
             settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", database_url=db,
-                                broker_url=broker, job_lease_s=3, job_republish_after_s=3,
+                                broker_url=broker, job_lease_s=3, job_republish_after_s=3, **WEBHOOKS,
                                 job_queue=f"structspec-test-{uuid.uuid4().hex[:8]}")
             yield from _run_stack(settings, tiny_model, data_dir)
 
@@ -246,6 +250,27 @@ def test_deleting_a_running_batch_stops_its_jobs_and_the_worker_goes_on(stack):
     assert stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b", b=key)[0][0] == 0
     assert stack.client.delete(f"/v1/extractions/{after.json()['id']}").status_code == 204
     assert_error(stack.client.get(f"/v1/extractions/{after.json()['id']}"), 404)
+
+
+def test_a_batch_webhook_reaches_its_url_from_the_workers_reaper_signed(stack):
+    """The whole path: the API takes the webhook_url, the worker runs the batch, and its reaper
+    round POSTs the finished batch, signed with the worker's STRUCTSPEC_WEBHOOK_SECRET."""
+    receiver = Receiver()
+    try:
+        r = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id, "webhook_url": receiver.url,
+                                                   "documents": [{"document": "label a, ok"}]})
+        assert r.status_code == 202, r.text
+        batch_id = r.json()["id"]
+        poll(lambda: receiver.posts, timeout=BATCH_TIMEOUT, what="the batch's webhook", worker=stack.worker)
+        [(headers, body)] = receiver.posts
+        expected = hmac.new(WEBHOOKS["webhook_secret"].encode(), body, hashlib.sha256).hexdigest()
+        assert headers["structspec-signature"] == f"sha256={expected}"
+        event = json.loads(body)
+        assert event["delivery"] == batch_id and event["batch"]["status"] == "succeeded"
+        hook = stack.client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert hook["delivered_at"] is not None and hook["attempts"] == 1
+    finally:
+        receiver.close()
 
 
 # --- input errors ----------------------------------------------------------------------------

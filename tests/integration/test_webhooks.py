@@ -8,16 +8,14 @@ import hashlib
 import hmac
 import json
 import socket
-import threading
 import uuid
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import sqlalchemy as sa
 from litestar.testing import TestClient
 
-from integration_helpers import assert_error
+from integration_helpers import Receiver, assert_error
 from structspec.api.app import create_app
 from structspec.db.jobs import BatchRepository
 from worker import webhooks
@@ -25,36 +23,6 @@ from worker.webhooks import deliver_webhooks
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 SECRET = "s3cret"
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 that records each POST and answers with the next status."""
-
-    def __init__(self, statuses: list[int] | None = None):
-        self.posts: list[tuple[dict[str, str], bytes]] = []
-        self.statuses = statuses or []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802 (http.server's name)
-                body = self.rfile.read(int(self.headers["content-length"]))
-                receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
-                status = receiver.statuses.pop(0) if receiver.statuses else 200
-                self.send_response(status)
-                self.send_header("content-length", "2")
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
