@@ -23,7 +23,7 @@ skipped and says how to run it alone):
                 every output identical, or where it first differs, the reference's top-2 masked
                 logit gap
   kernels       tests/kernels in Triton's interpreter, as `make test` runs them; on CUDA also the
-                attention's tests with the kernels compiled, on the GPU
+                kernels' tests against their references with the kernels compiled, on the GPU
   real-model    with --gguf: the default model's tokens per pass and tokens/s, batched against one
                 at a time, for `none` and composite speculation
   imports       the distributions the run imported: bundled, in the image, or missing
@@ -252,13 +252,14 @@ def subprocess_env() -> dict[str, str]:
 
 def run_kernel_tests(device: str, small: bool) -> dict[str, Any]:
     """tests/kernels as `make test` runs them (the interpreter, CPU tensors); on CUDA also the
-    attention's tests with the kernels compiled, on the GPU (STRUCTSPEC_KERNEL_TESTS=cuda)."""
+    kernel-against-reference tests with the kernels compiled, on the GPU's tensors
+    (STRUCTSPEC_KERNEL_TESTS=cuda; the engine tests among them skip there, saying why)."""
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"]
     out = {"summary": _pytest(args + (["-x", "-k", "greedy and not large"] if small else []),
                               {"TRITON_INTERPRET": "1"})}
     if device == "cuda":
-        out["attention_compiled"] = _pytest(args[:-1] + ["tests/kernels/test_attention.py"],
-                                            {"STRUCTSPEC_KERNEL_TESTS": "cuda"}, drop=("TRITON_INTERPRET",))
+        files = [f"tests/kernels/test_{name}.py" for name in ("bitmask", "greedy", "sampling", "attention")]
+        out["compiled"] = _pytest(args[:-1] + files, {"STRUCTSPEC_KERNEL_TESTS": "cuda"}, drop=("TRITON_INTERPRET",))
     return out
 
 
@@ -543,7 +544,7 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
             lines += [f"- {k}: {v}" for k, v in s.items() if k not in ("ok", "seconds")] + [""]
         elif name == "kernels":
             lines += [f"interpreter: {s['summary']}"] + (
-                [f"attention compiled on the GPU: {s['attention_compiled']}"] if "attention_compiled" in s else []) + [""]
+                [f"compiled on the GPU: {s['compiled']}"] if "compiled" in s else []) + [""]
         elif name == "kernel-bench":
             lines += [s["markdown"], ""]
         elif name == "exactness":

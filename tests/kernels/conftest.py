@@ -6,7 +6,8 @@ imported.  That makes ``pytest tests/kernels`` work on a CPU-only machine
 without exporting the variable by hand.
 
 With STRUCTSPEC_KERNEL_TESTS=cuda the kernels are compiled instead: the GPU kit runs the
-tests that put their tensors on that device (test_attention.py) that way on a lent GPU.
+tests whose inputs go to kernel_cases.DEVICE (bitmask, greedy, sampling, attention) that way on
+a lent GPU.
 """
 
 from __future__ import annotations

@@ -8,11 +8,21 @@ the exact oracle for the Triton kernels.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+# Where the kernels' inputs go: the CPU (the interpreter), or with STRUCTSPEC_KERNEL_TESTS=cuda
+# (conftest.py: compiled kernels) the GPU. Batches are built on the CPU and moved by the tests'
+# run helpers, so the oracles and generators stay on the CPU.
+DEVICE = torch.device("cuda" if os.environ.get("STRUCTSPEC_KERNEL_TESTS") == "cuda" else "cpu")
+
+
+def on_device(tensors) -> list:
+    """`tensors` (None kept) moved to DEVICE."""
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in tensors]
 
 
 def cu_from_lengths(lengths: list[int]) -> torch.Tensor:

@@ -4,15 +4,12 @@ batched engine running on them (in the interpreter) against the one-at-a-time re
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
+from kernel_cases import DEVICE
 
 from kernels.attention import append_kv, attend, attention_reference, step_tables
-
-# STRUCTSPEC_KERNEL_TESTS=cuda (conftest.py): the kernels compiled, on the GPU's tensors
-DEVICE = torch.device("cuda" if os.environ.get("STRUCTSPEC_KERNEL_TESTS") == "cuda" else "cpu")
 ENGINE_ON_CPU = pytest.mark.skipif(DEVICE.type == "cuda", reason="the engine tests run the interpreter on the CPU; "
                                    "on a GPU the kit's exactness stage runs the engine")
 # (rows, past) per sequence: one-row decode steps, multi-row verification, a first prefill

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_cases import LOGIT_DTYPES, pack_bitmask
+from kernel_cases import DEVICE, LOGIT_DTYPES, pack_bitmask
 
 from kernels.bitmask import apply_bitmask_inplace_torch, apply_bitmask_inplace_triton, unpack_bitmask
 
@@ -39,9 +39,10 @@ def test_triton_matches_torch(vocab: int, block_v: int | None, dtype: torch.dtyp
         bitmask[:, -1] |= -(2**31)  # a padding bit past the vocab must be ignored
     expected = logits.clone()
     apply_bitmask_inplace_torch(expected, bitmask)
-    got = logits.clone()
+    got = logits.clone().to(DEVICE)
     mask_before = bitmask.clone()
-    apply_bitmask_inplace_triton(got, bitmask, block_v=block_v)
+    apply_bitmask_inplace_triton(got, bitmask.to(DEVICE), block_v=block_v)
+    got = got.cpu()
     assert torch.equal(got, expected)
     assert torch.equal(bitmask, mask_before)
     assert torch.equal(got[allowed], logits[allowed])  # allowed logits untouched, bit for bit
@@ -49,9 +50,9 @@ def test_triton_matches_torch(vocab: int, block_v: int | None, dtype: torch.dtyp
 
 
 def test_strided_rows_do_not_touch_padding_columns() -> None:
-    buffer = torch.zeros(4, 64)
+    buffer = torch.zeros(4, 64, device=DEVICE)
     logits = buffer[:, :40]  # row stride 64, vocab 40
-    bitmask = torch.zeros(4, 2, dtype=torch.int32)  # nothing allowed
+    bitmask = torch.zeros(4, 2, dtype=torch.int32, device=DEVICE)  # nothing allowed
     apply_bitmask_inplace_triton(logits, bitmask, block_v=32)
     assert (buffer[:, :40] == float("-inf")).all()
     assert (buffer[:, 40:] == 0).all()

@@ -10,6 +10,7 @@ from kernel_cases import (
     as_lists,
     assert_unchanged,
     cu_from_lengths,
+    on_device,
     oracle_greedy,
     pack_bitmask,
     random_batch,
@@ -19,15 +20,16 @@ from kernels.greedy import verify_greedy_torch, verify_greedy_triton
 
 
 def run_both(batch: Batch, block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run both backends, check they agree exactly and left the inputs alone."""
-    before = [t.clone() for t in batch.args]
-    expected = verify_greedy_torch(*batch.args)
-    got = verify_greedy_triton(*batch.args, block_v=block_v)
-    assert_unchanged(before, list(batch.args))
+    """Run both backends (on DEVICE), check they agree exactly and left the inputs alone."""
+    args = on_device(batch.args)
+    before = [t.clone() for t in args]
+    expected = verify_greedy_torch(*args)
+    got = verify_greedy_triton(*args, block_v=block_v)
+    assert_unchanged(before, args)
     assert got[0].dtype == torch.int32 and got[1].dtype == torch.int32
     assert torch.equal(got[0], expected[0]), f"tokens differ:\n{got[0]}\nvs reference\n{expected[0]}"
     assert torch.equal(got[1], expected[1]), f"counts differ: {got[1]} vs {expected[1]}"
-    return expected
+    return expected[0].cpu(), expected[1].cpu()
 
 
 def make_batch(lengths: list[int], logits: torch.Tensor, allowed: torch.Tensor, drafts: list[int]) -> Batch:

@@ -10,6 +10,7 @@ from kernel_cases import (
     as_lists,
     assert_unchanged,
     cu_from_lengths,
+    on_device,
     oracle_sampling,
     pack_bitmask,
     random_batch,
@@ -38,15 +39,16 @@ def randoms(batch: Batch, seed: int, with_draft_probs: bool, sharp: float = 1.0)
 
 def run_both(batch: Batch, rnd, block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Run both backends, check exact agreement and that no input was modified."""
-    inputs = [*batch.args, *(t for t in rnd if t is not None)]
+    args, rnd = on_device(batch.args), on_device(rnd)  # DEVICE: kernel_cases.py
+    inputs = [*args, *(t for t in rnd if t is not None)]
     before = [t.clone() for t in inputs]
-    expected = verify_sampling_torch(*batch.args, *rnd)
-    got = verify_sampling_triton(*batch.args, *rnd, block_v=block_v)
+    expected = verify_sampling_torch(*args, *rnd)
+    got = verify_sampling_triton(*args, *rnd, block_v=block_v)
     assert_unchanged(before, inputs)
     assert got[0].dtype == torch.int32 and got[1].dtype == torch.int32
     assert torch.equal(got[0], expected[0]), f"tokens differ:\n{got[0]}\nvs reference\n{expected[0]}"
     assert torch.equal(got[1], expected[1]), f"counts differ: {got[1]} vs {expected[1]}"
-    return expected
+    return expected[0].cpu(), expected[1].cpu()
 
 
 def set_allowed(batch: Batch, allowed: torch.Tensor) -> None:
