@@ -61,8 +61,9 @@ def purge_expired(settings: Settings, sessions) -> Purged:
         return database_now(session) - timedelta(days=days)
 
     def jobs(session: Session) -> int:
-        ids = JobRepository(session).finished_alone_before(cutoff(session), PURGE_CHUNK)
-        JobRepository(session).delete_many(ids)
+        repo = JobRepository(session)
+        ids = repo.finished_alone_before(cutoff(session), PURGE_CHUNK)
+        repo.delete_many(ids)
         return len(ids)
 
     def batches(session: Session) -> int:

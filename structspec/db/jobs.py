@@ -56,15 +56,9 @@ class JobRepository:
              batch_id: uuid.UUID | None = None, schema_id: uuid.UUID | None = None) -> tuple[Sequence[JobRecord], int]:
         """One page of the tenant's jobs, newest first, with only the columns of a summary (no
         document or result), and the total count under the same filters."""
-        where = [J.tenant == tenant]
-        for column, value in ((J.status, status), (J.batch_id, batch_id), (J.schema_id, schema_id)):
-            if value is not None:
-                where.append(column == value)
-        total = self.session.scalar(sa.select(sa.func.count()).select_from(JobRecord).where(*where)) or 0
-        q = (sa.select(JobRecord).where(*where)
-             .options(load_only(J.id, J.status, J.schema_id, J.batch_id, J.error, J.created_at, J.finished_at))
-             .order_by(J.created_at.desc(), J.id.desc()).limit(limit).offset(offset))
-        return self.session.scalars(q).all(), total
+        summary = load_only(J.id, J.status, J.schema_id, J.batch_id, J.error, J.created_at, J.finished_at)
+        return newest_page(self.session, JobRecord, limit, offset, tenant=tenant, status=status, batch_id=batch_id,
+                           schema_id=schema_id, options=(summary,))
 
     def backlog(self) -> dict[str, tuple[int, datetime | None]]:
         """{"queued" | "running": (jobs, the oldest one's created_at)}, over every tenant (/metrics)."""
@@ -282,11 +276,7 @@ class BatchRepository:
     def page(self, tenant: str, *, limit: int, offset: int,
              schema_id: uuid.UUID | None = None) -> tuple[Sequence[BatchRecord], int]:
         """One page of the tenant's batches, newest first, and the total count."""
-        B = BatchRecord
-        where = [B.tenant == tenant] + ([B.schema_id == schema_id] if schema_id is not None else [])
-        total = self.session.scalar(sa.select(sa.func.count()).select_from(B).where(*where)) or 0
-        q = sa.select(B).where(*where).order_by(B.created_at.desc(), B.id.desc()).limit(limit).offset(offset)
-        return self.session.scalars(q).all(), total
+        return newest_page(self.session, BatchRecord, limit, offset, tenant=tenant, schema_id=schema_id)
 
     # --- webhooks (worker/webhooks.py) -------------------------------------------------------------
 
@@ -294,10 +284,9 @@ class BatchRepository:
         """Batches with an undelivered webhook whose jobs have all finished, not held back (a try
         in flight, or a backoff) and with tries left."""
         B, now = BatchRecord, database_now(self.session)
-        unfinished = sa.select(J.id).where(J.batch_id == B.id, J.status.not_in(TERMINAL_STATUSES)).exists()
         return list(self.session.scalars(sa.select(B.id).where(
             B.webhook_url.is_not(None), B.webhook_delivered_at.is_(None), B.webhook_attempts < max_attempts,
-            sa.or_(B.webhook_next_at.is_(None), B.webhook_next_at <= now), ~unfinished).limit(limit)))
+            sa.or_(B.webhook_next_at.is_(None), B.webhook_next_at <= now), ~open_jobs(B.id)).limit(limit)))
 
     def claim_webhook(self, batch_id: uuid.UUID, hold_s: float) -> bool:
         """Take the next try of a due webhook (one reaper of many): counts the try and holds the
@@ -313,11 +302,11 @@ class BatchRepository:
         """Record a try: delivered (error None), or failed with `error`, tried again after
         `retry_s` (None: no try left)."""
         B, now = BatchRecord, database_now(self.session)
-        values: dict[str, Any] = ({"webhook_delivered_at": now, "webhook_next_at": None, "webhook_error": None}
-                                  if error is None else
-                                  {"webhook_error": error,
-                                   "webhook_next_at": now + timedelta(seconds=retry_s) if retry_s is not None
-                                   else None})
+        if error is None:
+            values: dict[str, Any] = {"webhook_delivered_at": now, "webhook_next_at": None, "webhook_error": None}
+        else:
+            retry_at = now + timedelta(seconds=retry_s) if retry_s is not None else None
+            values = {"webhook_error": error, "webhook_next_at": retry_at}
         self.session.execute(sa.update(B).where(B.id == batch_id).values(**values)
                              .execution_options(synchronize_session=False))
 
@@ -331,11 +320,24 @@ class BatchRepository:
         B = BatchRecord
         behind_openai = sa.select(OpenAIBatchRecord.id).where(OpenAIBatchRecord.batch_id == B.id)
         return list(self.session.scalars(sa.select(B.id).where(
-            B.created_at < cutoff, ~unfinished_or_recent(B.id, cutoff), ~behind_openai.exists()).limit(limit)))
+            B.created_at < cutoff, ~open_jobs(B.id, finished_since=cutoff), ~behind_openai.exists()).limit(limit)))
 
 
-def unfinished_or_recent(batch_id, cutoff: datetime):
-    """EXISTS a job of the batch `batch_id` (a column) that is unfinished or finished at or
-    after `cutoff`: what keeps a batch from retention."""
-    return sa.select(J.id).where(J.batch_id == batch_id, sa.or_(
-        J.status.not_in(TERMINAL_STATUSES), J.finished_at.is_(None), J.finished_at >= cutoff)).exists()
+def open_jobs(batch_id, finished_since: datetime | None = None):
+    """EXISTS a job of the batch `batch_id` (a column) that is unfinished, or with
+    `finished_since`, finished at or after it: what holds a batch's webhook back (unfinished)
+    and keeps it from retention (unfinished or recent)."""
+    keeps = [J.status.not_in(TERMINAL_STATUSES)]
+    if finished_since is not None:
+        keeps += [J.finished_at.is_(None), J.finished_at >= finished_since]
+    return sa.select(J.id).where(J.batch_id == batch_id, sa.or_(*keeps)).exists()
+
+
+def newest_page(session: Session, model, limit: int, offset: int, options: tuple = (), **equal: Any):
+    """(one page of `model`'s rows, newest first by (created_at, id), and the total count), of the
+    rows whose columns equal the non-None values of `equal`."""
+    where = [getattr(model, name) == value for name, value in equal.items() if value is not None]
+    total = session.scalar(sa.select(sa.func.count()).select_from(model).where(*where)) or 0
+    q = (sa.select(model).where(*where).options(*options)
+         .order_by(model.created_at.desc(), model.id.desc()).limit(limit).offset(offset))
+    return session.scalars(q).all(), total

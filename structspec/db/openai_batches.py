@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, defer
 
 from structspec.db.columns import database_now
-from structspec.db.jobs import BatchRepository, unfinished_or_recent
+from structspec.db.jobs import BatchRepository, open_jobs
 from structspec.db.models import FileRecord, OpenAIBatchRecord
 
 
@@ -95,7 +95,7 @@ def delete_expired_openai_batches(session: Session, cutoff, limit: int) -> int:
     (Their output files are files: delete_expired_files.)"""
     B = OpenAIBatchRecord
     rows = session.execute(sa.select(B.id, B.batch_id).where(B.created_at < cutoff,
-                                                             ~unfinished_or_recent(B.batch_id, cutoff))
+                                                             ~open_jobs(B.batch_id, finished_since=cutoff))
                            .limit(limit)).all()
     for record_id, batch_id in rows:
         session.execute(sa.delete(B).where(B.id == record_id))

@@ -4,6 +4,7 @@ pytest puts this directory on sys.path)."""
 from __future__ import annotations
 
 import threading
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 ERROR_KEYS = {"status_code", "detail", "errors"}
@@ -24,6 +25,11 @@ def assert_error(response, status: int) -> dict:
         assert isinstance(item["message"], str) and item["message"]
     assert "Traceback" not in response.text and 'File "' not in response.text
     return body
+
+
+def id_param(session, value: str):
+    """A UUID string as a raw SQL parameter for `session`'s database: sa.Uuid stores hex on SQLite."""
+    return uuid.UUID(value).hex if session.get_bind().dialect.name == "sqlite" else uuid.UUID(value)
 
 
 class Receiver:

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from integration_helpers import assert_error
+from integration_helpers import assert_error, id_param
 from structspec.db.columns import utcnow
 from structspec.db.models import OpenAIBatchRecord
 from worker import retention
@@ -44,12 +44,8 @@ def submit_batch(client, schema_id: str, n: int = 3) -> str:
 def job_ids(sessions, batch_id: str | None = None) -> set[str]:
     with sessions() as s:
         q = "SELECT id FROM jobs" + (" WHERE batch_id = :b" if batch_id else "")
-        rows = s.execute(sa.text(q), {"b": _key(s, batch_id)} if batch_id else {}).scalars()
+        rows = s.execute(sa.text(q), {"b": id_param(s, batch_id)} if batch_id else {}).scalars()
         return {str(uuid.UUID(str(r))) for r in rows}
-
-
-def _key(session, value: str):
-    return uuid.UUID(value).hex if session.get_bind().dialect.name == "sqlite" else uuid.UUID(value)
 
 
 def age(sessions, table: str, column: str, days: float, ids: list[str], status: str | None = None) -> None:
@@ -60,7 +56,7 @@ def age(sessions, table: str, column: str, days: float, ids: list[str], status: 
             if status:
                 values["status"] = status
             table_obj = sa.table(table, sa.column("id"), *(sa.column(c) for c in values))
-            s.execute(sa.update(table_obj).where(table_obj.c.id == _key(s, i)).values(**values))
+            s.execute(sa.update(table_obj).where(table_obj.c.id == id_param(s, i)).values(**values))
 
 
 # --- GET /v1/extractions, GET /v1/batches --------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 from litestar.testing import TestClient
 
-from integration_helpers import Receiver, assert_error
+from integration_helpers import Receiver, assert_error, id_param
 from structspec.api.app import create_app
 from structspec.db.jobs import BatchRepository
 from worker import webhooks
@@ -50,17 +50,15 @@ def new_batch(client, url: str, n: int = 2) -> str:
 
 def finish(sessions, batch_id: str, status: str = "succeeded") -> None:
     with sessions.begin() as s:
-        key = uuid.UUID(batch_id).hex if s.get_bind().dialect.name == "sqlite" else uuid.UUID(batch_id)
         s.execute(sa.text("UPDATE jobs SET status = :st, finished_at = CURRENT_TIMESTAMP WHERE batch_id = :b"),
-                  {"st": status, "b": key})
+                  {"st": status, "b": id_param(s, batch_id)})
 
 
 def make_due(sessions, batch_id: str) -> None:
     """As if the backoff after a failure had passed."""
     with sessions.begin() as s:
         s.execute(sa.update(sa.table("batches", sa.column("id"), sa.column("webhook_next_at")))
-                  .where(sa.column("id") == (uuid.UUID(batch_id).hex if s.get_bind().dialect.name == "sqlite"
-                                             else uuid.UUID(batch_id)))
+                  .where(sa.column("id") == id_param(s, batch_id))
                   .values(webhook_next_at=None))
 
 

@@ -258,7 +258,7 @@ class JobService:
 
     def _submit_batch(self, schema_id_text: str, options_in: JobOptions | None,
                       entries: list[tuple[int, Any, str | None]], where: str,
-                      idem: Idempotency | None, webhook: "Webhook | None" = None) -> tuple[BatchAccepted, bool]:
+                      idem: Idempotency | None, webhook: Webhook | None = None) -> tuple[BatchAccepted, bool]:
         if (first := self.replay(idem)) is not None:
             return msgspec.convert(first, BatchAccepted), True
         if webhook is not None:
