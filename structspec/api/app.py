@@ -16,6 +16,7 @@ from structspec.api.auth import AUTH_MIDDLEWARE, SECURITY_SCHEME
 from structspec.api.batches import BatchController
 from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
+from structspec.api.guard import check_request
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
 from structspec.api.openai import PREFIX as OPENAI_PREFIX, OpenAIController, openai_error
@@ -24,6 +25,7 @@ from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.health import HealthService
+from structspec.api.services.waiting import JobWaiter
 from structspec.config import Settings
 from structspec.db.session import make_engine, make_session_factory
 
@@ -50,6 +52,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     publisher = make_celery(settings)
     limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
     doclen = DocumentLengthChecker(settings)  # loads the tokenizer at the first submission
+    waiter = JobWaiter(engine, settings.database_url)  # what waiting requests sleep on
 
     def shutdown() -> None:
         health.close()
@@ -61,10 +64,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
                         MetricsController, OpenAIController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
-                     "publisher": publisher, "rate_limiter": limiter, "doclen": doclen}),
+                     "publisher": publisher, "rate_limiter": limiter, "doclen": doclen, "waiter": waiter}),
         # Outermost first: the rate limit also meters requests with wrong keys (key guessing).
         middleware=[RateLimitMiddleware(limiter), AUTH_MIDDLEWARE],
         exception_handlers={Exception: handle_any_exception},
+        before_request=check_request,  # NUL and lone surrogates: 400 before any handler parses the request
         plugins=[StrictStructSchemaPlugin()],
         request_max_body_size=settings.max_body_bytes,
         openapi_config=OpenAPIConfig(
@@ -74,7 +78,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
                 type="http", scheme="bearer",
                 description="An API key from `structspec keys create`; needed on /v1 once a key exists.")}),
             render_plugins=[SwaggerRenderPlugin(), JsonRenderPlugin(), YamlRenderPlugin()]),
-        on_shutdown=[shutdown],
+        on_startup=[waiter.start],
+        on_shutdown=[waiter.stop, shutdown],
         before_send=[allow_every_method],
         # Leave logging to the host process (the CLI's basicConfig, uvicorn, pytest): Litestar's
         # default config would set the root logger to INFO and print every library's chatter.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Literal
 
+import anyio
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import State
@@ -14,7 +15,8 @@ from litestar.params import JSONBody, Parameter, PathParameter, QueryParameter
 
 from structspec.api.auth import V1_SECURITY
 from structspec.api.schemas import MAX_OFFSET, _errors
-from structspec.api.services.jobs import Idempotency, JobService
+from structspec.api.services.jobs import Idempotency, JobService, to_job_read
+from structspec.api.services.waiting import unless_disconnected
 from structspec.api.structs import ExtractionCreate, JobAccepted, JobPage, JobRead
 
 JobId = Annotated[str, PathParameter(description="job id (UUID)")]
@@ -40,21 +42,25 @@ class ExtractionController(Controller):
     security = V1_SECURITY
     dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
 
-    @post("/", sync_to_thread=True, status_code=202, summary="Submit one document for extraction",
+    @post("/", status_code=202, summary="Submit one document for extraction",
           description="202 {id, status} once queued. With ?wait=S (0-60) the call waits up to S seconds "
-                      "and answers 200 with the finished job, or 202 if it is not finished by then.",
+                      "and answers 200 with the finished job, or 202 if it is not finished by then. "
+                      "A client that disconnects while waiting leaves the job running.",
           responses={200: ResponseSpec(data_container=JobRead, description="finished within `wait`",
                                        generate_examples=False), **_errors(400, 404, 413, 422, 503)})
-    def submit(self, data: JSONBody[ExtractionCreate], jobs: Jobs, idempotency_key: IdempotencyKey = None,
-               # schema_extra: Litestar drops ge=0 from the document for an optional float
-               wait: Annotated[float | None, QueryParameter(ge=0, le=60, schema_extra={"minimum": 0})] = None) -> Response[JobAccepted]:
+    async def submit(self, request: Request, state: State, data: JSONBody[ExtractionCreate], jobs: Jobs,
+                     idempotency_key: IdempotencyKey = None,
+                     # schema_extra: Litestar drops ge=0 from the document for an optional float
+                     wait: Annotated[float | None, QueryParameter(ge=0, le=60, schema_extra={"minimum": 0})] = None,
+                     ) -> Response[JobAccepted]:
         idem = Idempotency.of(idempotency_key, "POST /v1/extractions", msgspec.json.encode(data))
-        accepted, replayed = jobs.submit(data, idem)
+        accepted, replayed = await anyio.to_thread.run_sync(jobs.submit, data, idem)
         headers = REPLAYED if replayed else None
         if wait:
-            job = jobs.wait(accepted.id, wait)
-            if job.finished_at is not None:
-                return Response(job, status_code=200, headers=headers)
+            job, _ = await unless_disconnected(request.receive,
+                                               lambda: jobs.wait_finished(state.waiter, accepted.id, wait))
+            if job is not None and job.finished_at is not None:
+                return Response(to_job_read(job), status_code=200, headers=headers)
         return Response(accepted, status_code=202, headers=headers)
 
     @get("/", sync_to_thread=True, summary="List jobs, newest first (summaries: no document or result)",

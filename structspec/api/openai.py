@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Annotated, Any, Iterator
+import uuid
+from typing import Annotated, Any, AsyncIterator
 
 import anyio
 import msgspec
@@ -36,9 +37,11 @@ from litestar.response.streaming import ASGIStreamingResponse
 
 from structspec.api.errors import ApiError, ErrorBody, handle_exception
 from structspec.api.extractions import REPLAYED, provide_job_service
+from structspec.api.guard import check_body
 from structspec.api.services.jobs import Idempotency, JobService
-from structspec.api.services.openai import (OpenAIBatchService, bad_request, completion, error_object, flatten,
-                                            read_chat_request, served_model, stream_chunks)
+from structspec.api.services.openai import (ChatRequest, OpenAIBatchService, bad_request, completion, error_object,
+                                            flatten, read_chat_request, served_model, stream_chunks)
+from structspec.api.services.waiting import unless_disconnected, until_disconnected
 from structspec.config import Settings
 
 PREFIX = "/openai/v1"
@@ -50,11 +53,11 @@ def batch_service(state: State, request: Request) -> OpenAIBatchService:
 
 
 class EventStream(ASGIStreamingResponse):
-    """Server-sent events: `data: {json}` per chunk of `chunks` (a blocking iterator, read in a
-    worker thread; None: nothing new yet), then `data: [DONE]`. The iterator is closed when the
-    stream ends for any reason, the client disconnecting included, so its cleanup runs then."""
+    """Server-sent events: `data: {json}` per chunk of `chunks` (an async iterator that holds no
+    thread while it waits), then `data: [DONE]`. The iterator is closed when the stream ends for
+    any reason, the client disconnecting included, so its cleanup runs then."""
 
-    def __init__(self, chunks: Iterator[dict[str, Any] | None]):
+    def __init__(self, chunks: AsyncIterator[dict[str, Any]]):
         super().__init__(iterator=(), media_type="text/event-stream", headers=SSE_HEADERS)  # no content-length
         self.chunks = chunks
 
@@ -62,24 +65,19 @@ class EventStream(ASGIStreamingResponse):
         try:
             async with anyio.create_task_group() as group:
                 group.start_soon(self._watch_disconnect, receive, group.cancel_scope)
-                while (chunk := await anyio.to_thread.run_sync(next, self.chunks, _END)) is not _END:
-                    if chunk is not None:
-                        data = b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                async for chunk in self.chunks:
+                    data = b"data: " + json.dumps(chunk, ensure_ascii=False).encode() + b"\n\n"
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
                 await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
                 group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(self.chunks.close)
+                await self.chunks.aclose()
 
     @staticmethod
     async def _watch_disconnect(receive, scope: anyio.CancelScope) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        await until_disconnected(receive)
         scope.cancel()
-
-
-_END = object()
 
 
 class OpenAIController(Controller):
@@ -88,19 +86,28 @@ class OpenAIController(Controller):
     path = PREFIX
     include_in_schema = False
 
-    @post("/chat/completions", sync_to_thread=True, status_code=200,
+    @post("/chat/completions", status_code=200,
           summary="OpenAI-compatible chat completion with a JSON response_format")
-    def chat_completions(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> ASGIResponse:
+    async def chat_completions(self, request: Request, state: State, data: JSONBody[dict[str, Any]]) -> ASGIResponse:
         jobs: JobService = provide_job_service(state, request)
-        chat = read_chat_request(data, jobs)
-        job_id = jobs.submit_chat(chat.schema, chat.messages, chat.options, stream=chat.stream,
-                                  registered_by=f"POST {PREFIX}/chat/completions")
         settings: Settings = state.settings
         model = served_model(settings.model)
+
+        def submit() -> tuple[ChatRequest, uuid.UUID]:
+            chat = read_chat_request(data, jobs)
+            return chat, jobs.submit_chat(chat.schema, chat.messages, chat.options, stream=chat.stream,
+                                          registered_by=f"POST {PREFIX}/chat/completions")
+
+        chat, job_id = await anyio.to_thread.run_sync(submit)
         if chat.stream:
             # ASGI responses, not litestar's Stream (which would take the route's media type, JSON)
-            return EventStream(stream_chunks(jobs, job_id, model, settings.chat_timeout_s, chat.include_usage))
-        job = jobs.wait_record(job_id, settings.chat_timeout_s)
+            return EventStream(stream_chunks(jobs, state.waiter, job_id, model, settings.chat_timeout_s,
+                                             chat.include_usage))
+        job, gone = await unless_disconnected(
+            request.receive, lambda: jobs.wait_finished(state.waiter, job_id, settings.chat_timeout_s))
+        if gone:  # nobody can read this reply: stop the job, as a streamed one is stopped
+            await anyio.to_thread.run_sync(jobs.cancel_quietly, job_id)
+            return ASGIResponse(body=b"", status_code=499)
         if job.finished_at is None:
             raise ApiError(504, f"the extraction did not finish within {settings.chat_timeout_s} s "
                                 f"(STRUCTSPEC_CHAT_TIMEOUT_S); job {job_id} goes on: GET /v1/extractions/{job_id}")
@@ -123,6 +130,9 @@ class OpenAIController(Controller):
         if not isinstance(purpose, str):
             raise bad_request("a multipart field `purpose` is required (batch)", "purpose")
         content = await upload.read()
+        check_body(content, ndjson=True)
+        if "\x00" in (upload.filename or ""):
+            raise bad_request("the file name holds U+0000 (NUL)", "file")
         service = batch_service(state, request)
         return await anyio.to_thread.run_sync(service.upload, upload.filename or "upload.jsonl", purpose, content)
 

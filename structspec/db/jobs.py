@@ -24,6 +24,10 @@ from structspec.db.models import BatchRecord, JobRecord, OpenAIBatchRecord, TERM
 
 J = JobRecord
 
+# PostgreSQL: the channel on which a trigger on `jobs` (revision 0014) NOTIFYs a job's id when it
+# ends, its streamed output grows or it is deleted (api/services/waiting.py listens)
+JOB_CHANGES_CHANNEL = "structspec_jobs"
+
 
 class JobRepository:
     def __init__(self, session: Session):

@@ -9,13 +9,13 @@ and publish would leave jobs queued with no message: the one gap, see docs/api.m
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
-from urllib.parse import urlsplit
 
 import msgspec
 from sqlalchemy.exc import IntegrityError
@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
                                    from_registry)
 from structspec.api.services.doclen import DocumentLengthChecker
+from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchPage, BatchRead, BatchWebhook,
                                     ExtractionCreate,
                                     JobAccepted, JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings,
@@ -33,30 +34,15 @@ from structspec.db.columns import utcnow
 from structspec.db.idempotency import IdempotencyRepository
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
-from structspec.db.repositories import SchemaRepository
 from structspec.logs import preview
 from structspec.options import OptionError, RequestOptions
 from structspec.services.schemas import RegistryError, SchemaRegistry
+from structspec.services.webhooks import url_problem
 
 log = logging.getLogger(__name__)
 
 RESULTS_PAGE = 500
-
-
-class PollInterval:
-    """How long a request that waits on a job (`?wait=`, a streamed chat reply) sleeps between
-    reads of its row: `low` after a read that found progress, growing by half each read that
-    found none, up to `high`. A job queued for a minute then costs each waiting client about 4
-    reads a second instead of 20, and a result shows at most `high` late."""
-
-    def __init__(self, low: float = 0.05, high: float = 0.25):
-        self.low, self.high = low, high
-        self.current = low
-
-    def next(self, progress: bool) -> float:
-        """Seconds to sleep after a read that did (or did not) find progress."""
-        self.current = self.low if progress else min(self.current * 1.5, self.high)
-        return self.current
+DOC_ID_CHARS = 200  # a batch document's id as stored (JSON text, jobs.doc_id)
 
 
 @dataclass(frozen=True)
@@ -86,18 +72,10 @@ class Webhook:
     source: str
 
     def check(self, hosts_setting: str) -> None:
-        """422 unless the URL is http(s) with a host that STRUCTSPEC_WEBHOOK_HOSTS allows."""
-        allowed = {h.strip().lower() for h in hosts_setting.split(",") if h.strip()}
-        parts = urlsplit(self.url)
-        if not allowed:
-            problem = "webhooks are off on this server (STRUCTSPEC_WEBHOOK_HOSTS names the hosts they may call)"
-        elif parts.scheme not in ("http", "https") or not parts.hostname:
-            problem = "webhook_url must be an http:// or https:// URL with a host"
-        elif "*" not in allowed and parts.hostname.lower() not in allowed:
-            problem = f"webhook_url's host {parts.hostname!r} is not one of STRUCTSPEC_WEBHOOK_HOSTS"
-        else:
-            return
-        raise UnprocessableError(problem, [ErrorItem(path=self.path, message=problem, source=self.source)])
+        """422 unless STRUCTSPEC_WEBHOOK_HOSTS allows the URL (structspec/services/webhooks.py)."""
+        problem = url_problem(self.url, hosts_setting)
+        if problem is not None:
+            raise UnprocessableError(problem, [ErrorItem(path=self.path, message=problem, source=self.source)])
 
 
 class JobService:
@@ -117,12 +95,13 @@ class JobService:
         """The queued job, and whether this answer replays an earlier submission's (`idem`)."""
         if (first := self.replay(idem)) is not None:
             return msgspec.convert(first, JobAccepted), True
-        schema_id = self.resolve_schema(data.schema_id, data.schema)
+        # everything is checked before an inline schema is registered: a refused request stores nothing
         self.check_document(data.document, "/document")
         options = self.request_options(data.options)
-        [too_long] = self._token_problems(schema_id, [data.document])
+        [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [data.document])
         if too_long:
             raise UnprocessableError(too_long, [ErrorItem(path="/document", message=too_long, source="body")])
+        schema_id = self.resolve_schema(data.schema_id, data.schema)
         answer, replayed = self._queue_one(schema_id, data.document, options, idem=idem)
         return msgspec.convert(answer, JobAccepted), replayed
 
@@ -186,10 +165,6 @@ class JobService:
         """Undo part of a submission the broker did not take: its key goes with its jobs."""
         if idem is not None:
             IdempotencyRepository(session, self.tenant).delete(idem.key)
-
-    def wait(self, job_id: uuid.UUID, seconds: float) -> JobRead:
-        """The job once finished, or as it is after `seconds`."""
-        return to_job_read(self.wait_record(job_id, seconds))
 
     def get(self, job_id: str) -> JobRead:
         with self.session_factory() as session:
@@ -268,13 +243,14 @@ class JobService:
             raise PayloadTooLargeError(
                 f"batch has {len(entries)} documents; the limit is {limit} (max_batch_size)",
                 [ErrorItem(path="/documents", message=f"{len(entries)} > {limit}", source="body")])
+        self._check_unique_ids(entries, where)
         schema_id = self.resolve_schema(schema_id_text, None)
         options = self.request_options(options_in)
         stored = options.as_dict()
         rows, rejected = [], []
         checked = [(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries]
         fine = [raw["document"] for _, raw, problem in checked if not problem]
-        too_long = iter(self._token_problems(schema_id, fine))
+        too_long = iter(self._token_problems(self.schema_body(str(schema_id), None), fine))
         for n, raw, problem in checked:
             problem = problem or next(too_long)
             if problem:
@@ -308,6 +284,21 @@ class JobService:
                                            "rejected": len(rejected)})
         return accepted, False
 
+    @staticmethod
+    def _check_unique_ids(entries: list[tuple[int, Any, str | None]], where: str) -> None:
+        """422 naming a document id given twice (results are keyed by it), with both places."""
+        first: dict[str, int] = {}
+        for n, raw, _ in entries:
+            if not isinstance(raw, dict) or not isinstance(raw.get("id"), (str, int)) or isinstance(raw["id"], bool):
+                continue
+            key = msgspec.json.encode(raw["id"]).decode()
+            if key in first:
+                here, there = where.format(i=n - 1, n=n), where.format(i=first[key] - 1, n=first[key])
+                message = f"document id {raw['id']!r} is given twice: {there} and {here}; ids must be unique"
+                raise UnprocessableError(message, [ErrorItem(path=here if here.startswith("/") else None,
+                                                             message=message, source="body")])
+            first[key] = n
+
     def _entry_problem(self, raw: Any) -> str | None:
         if not isinstance(raw, dict):
             return "expected an object {\"id\"?: string | integer, \"document\": string}"
@@ -318,6 +309,8 @@ class JobService:
             return "field 'document' is required and must be a string"
         if "id" in raw and (isinstance(raw["id"], bool) or not isinstance(raw["id"], (str, int))):
             return "field 'id' must be a string or an integer"
+        if "id" in raw and (size := len(msgspec.json.encode(raw["id"]).decode())) > DOC_ID_CHARS:
+            return f"field 'id' is {size} characters as JSON; the limit is {DOC_ID_CHARS}"
         if "\x00" in raw["document"]:
             return "field 'document' contains U+0000, which cannot be stored"
         size, limit = len(raw["document"].encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
@@ -404,11 +397,11 @@ class JobService:
         template (the OpenAI-compatible surface); their text is the job's document, which the
         n-gram proposers draft from. The schema is registered, or reused, by its content.
         `stream`: the worker writes the output text while it runs (jobs.partial)."""
-        schema_id = self.resolve_schema(None, schema, registered_by)
         from structspec.engine.prompt import messages_text
 
         text = messages_text(messages)
-        self.check_document(text, "/messages")
+        self.check_document(text, "/messages")  # before the schema is registered: a refusal stores nothing
+        schema_id = self.resolve_schema(None, schema, registered_by)
         answer, _ = self._queue_one(schema_id, text, options, messages, stream)
         return uuid.UUID(answer["id"])
 
@@ -417,16 +410,16 @@ class JobService:
         with self.session_factory() as session:
             return self._job(session, str(job_id))
 
-    def wait_record(self, job_id: uuid.UUID, seconds: float) -> JobRecord:
-        """The job's row once finished, or as it is after `seconds`."""
-        deadline, interval, status = time.monotonic() + seconds, PollInterval(), None
-        while True:
-            job = self.record(job_id)
-            if job.status in TERMINAL_STATUSES or time.monotonic() >= deadline:
-                return job
-            pause = interval.next(progress=job.status != status)  # queued -> running counts
-            status = job.status
-            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
+    async def wait_finished(self, waiter: JobWaiter, job_id: uuid.UUID, seconds: float) -> JobRecord:
+        """The job's row once finished, or as it is after `seconds`; the wait holds no thread
+        (api/services/waiting.py)."""
+        job = None
+        async with contextlib.aclosing(waiter.changes(job_id, lambda: self.record(job_id),
+                                                      time.monotonic() + seconds)) as changes:
+            async for job in changes:
+                if job.status in TERMINAL_STATUSES:
+                    break
+        return job
 
     def cancel_quietly(self, job_id: uuid.UUID) -> None:
         """Cancel a job nobody waits for any more (a streamed reply whose client went away);
@@ -458,13 +451,25 @@ class JobService:
         except RegistryError as e:  # an ApiError here: the OpenAI batch check collects them per line
             raise from_registry(e) from None
 
-    def _token_problems(self, schema_id: uuid.UUID, documents: list[str]) -> list[str | None]:
-        """Per document, why its prompt cannot fit the model's context (None: it fits, or the
-        API has no tokenizer and leaves the check to the worker)."""
+    def schema_body(self, schema_id: str | None, inline: dict[str, Any] | None) -> dict[str, Any]:
+        """The body of a registered schema (404 when unknown), or `inline` once it passed every
+        registration check (422 naming the problem), registering nothing."""
+        if (schema_id is None) == (inline is None):
+            return self.resolve_schema(schema_id, inline)  # raises the 422 naming both fields
+        registry = SchemaRegistry(self.session_factory, self.settings, self.tenant)
+        try:
+            if inline is not None:
+                registry.check(inline)
+                return inline
+            return registry.get(schema_id).schema
+        except RegistryError as e:
+            raise from_registry(e) from None
+
+    def _token_problems(self, schema: dict[str, Any], documents: list[str]) -> list[str | None]:
+        """Per document, why its prompt with `schema` cannot fit the model's context (None: it
+        fits, or the API has no tokenizer and leaves the check to the worker)."""
         if self.doclen is None or not documents or self.doclen.counter() is None:
             return [None] * len(documents)
-        with self.session_factory() as session:
-            schema = SchemaRepository(session).get(schema_id).body
         return self.doclen.problems(schema, documents)
 
     def check_document(self, document: str, path: str) -> None:

@@ -12,17 +12,20 @@ custom_id). Status, counts and the output and error files are settled when the b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, AsyncIterator, Iterator
 
+import anyio
 import msgspec
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError
-from structspec.api.services.jobs import Idempotency, JobService, PollInterval, grounding
+from structspec.api.services.jobs import DOC_ID_CHARS, Idempotency, JobService, grounding
+from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import JobOptions
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, JobRepository
@@ -93,11 +96,16 @@ def check_request(body: Any, streaming: bool = True) -> dict[str, Any]:
         raise bad_request(f"unsupported parameter {unknown[0]!r}", unknown[0])
     if body.get("n", 1) != 1:
         raise bad_request("n must be 1", "n")
+    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+        raise bad_request(f"stream must be true or false (a JSON boolean), not {body['stream']!r}", "stream")
     if body.get("stream") and not streaming:
         raise bad_request("stream is not supported in a batch request", "stream")
     options = body.get("stream_options")
     if options is not None and (not isinstance(options, dict) or set(options) - {"include_usage"}):
         raise bad_request("stream_options may only hold include_usage", "stream_options")
+    if options is not None and options.get("include_usage") is not None \
+            and not isinstance(options["include_usage"], bool):
+        raise bad_request("stream_options.include_usage must be true or false (a JSON boolean)", "stream_options")
     return body
 
 
@@ -171,15 +179,14 @@ def completion(job: JobRecord, model: str) -> dict[str, Any]:
     }
 
 
-def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: float,
-                  include_usage: bool) -> Iterator[dict[str, Any] | None]:
+async def stream_chunks(jobs: JobService, waiter: JobWaiter, job_id: uuid.UUID, model: str, timeout_s: float,
+                        include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     """chat.completion.chunk objects for a queued streamed job, as its text is written: one
     chunk per piece the worker stored (a piece holds the text of one target pass, several
     tokens when a draft was accepted), then one with the finish_reason (and one with usage
-    when asked); None after each poll that found nothing new, so the caller can notice a
-    client that went away. A failure mid-way ends with {"error": ...}, as OpenAI's stream
-    does. Closed before the end (the client went away), it cancels the job."""
-    deadline = time.monotonic() + timeout_s
+    when asked). It waits on `waiter` between pieces, holding no thread. A failure mid-way
+    ends with {"error": ...}, as OpenAI's stream does. Closed before the end (the client went
+    away), it cancels the job."""
     sent, created = 0, int(time.time())
     base = {"id": f"chatcmpl-{job_id.hex}", "object": "chat.completion.chunk", "created": created, "model": model}
 
@@ -187,39 +194,35 @@ def stream_chunks(jobs: JobService, job_id: uuid.UUID, model: str, timeout_s: fl
         return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
                 **more}
 
-    finished, interval, status = False, PollInterval(), None
+    finished = False
     try:
         yield chunk({"role": "assistant", "content": ""})
-        while True:
-            job = jobs.record(job_id)
-            new = (job.partial or [])[sent:]
-            for piece in new:
-                yield chunk({"content": piece})
-            sent += len(new)
-            if job.status in TERMINAL_STATUSES:
-                finished = True
-                try:
-                    finish = finish_reason(job)
-                except ApiError as e:
-                    yield {"error": error_object(e.status_code, e.detail)}
+        async with contextlib.aclosing(waiter.changes(job_id, lambda: jobs.record(job_id),
+                                                      time.monotonic() + timeout_s)) as changes:
+            async for job in changes:
+                new = (job.partial or [])[sent:]
+                for piece in new:
+                    yield chunk({"content": piece})
+                sent += len(new)
+                if job.status in TERMINAL_STATUSES:
+                    finished = True
+                    try:
+                        finish = finish_reason(job)
+                    except ApiError as e:
+                        yield {"error": error_object(e.status_code, e.detail)}
+                        return
+                    yield chunk({}, finish, structspec=extension(job))
+                    if include_usage:
+                        yield {**base, "choices": [], "usage": usage(job)}
                     return
-                yield chunk({}, finish, structspec=extension(job))
-                if include_usage:
-                    yield {**base, "choices": [], "usage": usage(job)}
-                return
-            if time.monotonic() >= deadline:
-                yield {"error": error_object(504, f"the extraction did not finish within {timeout_s:g} s "
-                                                  f"(STRUCTSPEC_CHAT_TIMEOUT_S); job {job_id} goes on: "
-                                                  f"GET /v1/extractions/{job_id}")}
-                finished = True
-                return
-            if not new:
-                yield None
-            time.sleep(interval.next(progress=bool(new) or job.status != status))
-            status = job.status
+        finished = True
+        yield {"error": error_object(504, f"the extraction did not finish within {timeout_s:g} s "
+                                          f"(STRUCTSPEC_CHAT_TIMEOUT_S); job {job_id} goes on: "
+                                          f"GET /v1/extractions/{job_id}")}
     finally:
         if not finished:  # the client went away: nobody will read this job
-            jobs.cancel_quietly(job_id)
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(jobs.cancel_quietly, job_id)
 
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -294,7 +297,8 @@ def read_lines(content: bytes, limit: int) -> tuple[list[tuple[int, str, dict[st
         custom_id = request.get("custom_id") if isinstance(request, dict) else None
         if not isinstance(request, dict):
             problems.append(BatchLineError("invalid_json_line", f"line {n} is not a JSON object", n))
-        elif not isinstance(custom_id, str) or not custom_id or len(custom_id) > 180:
+        elif not isinstance(custom_id, str) or not custom_id or len(custom_id) > 180 \
+                or len(json.dumps(custom_id, ensure_ascii=False)) > DOC_ID_CHARS:
             problems.append(BatchLineError("missing_custom_id", f"line {n}: custom_id must be a non-empty "
                                                                 "string of at most 180 characters", n, "custom_id"))
         elif custom_id in seen:

@@ -1,0 +1,210 @@
+"""Waiting on jobs without a thread: what `POST /v1/extractions?wait=` and the OpenAI chat
+completions (plain and streamed) sleep on while a worker runs their job.
+
+A waiting request holds no thread and no database connection: it subscribes to its job id on
+the process's one `JobWaiter` and awaits an asyncio event, then re-reads the row (a short read
+in a thread) when the event says the job may have changed. What sets the events:
+
+- **PostgreSQL:** one `LISTEN structspec_jobs` connection per API process. A trigger on `jobs`
+  (revision 0014) NOTIFYs the job id when a job ends, its streamed output grows or it is
+  deleted, whoever wrote it (worker, reaper, cancel, delete), and only once that transaction
+  has committed, so a woken request always reads the committed row. A dropped listener
+  reconnects with backoff; until it is back every waiter re-reads its row each `POLL_S`, and
+  on reconnecting every waiter is woken once (a notification sent meanwhile is lost).
+- **SQLite** (the embedded default, no NOTIFY): one poller per process reads, each `POLL_S`,
+  the status and output length of every job a request waits on, in one query, and wakes the
+  requests whose job changed. The cost is one small query per tick while anyone waits, however
+  many wait.
+
+Either way a waiter also re-reads its row after `SAFETY_S` without news (a lost notification
+costs at most that), and stops waiting when its deadline passes or its client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import anyio
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine, make_url
+
+from structspec.db.jobs import JOB_CHANGES_CHANNEL
+from structspec.db.models import JobRecord
+from structspec.logs import preview
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+POLL_S = 0.2  # SQLite poller tick; also every waiter's own re-read while the PG listener is down
+SAFETY_S = 5.0  # a waiter re-reads its row at least this often, notified or not
+RECONNECT_S = (0.5, 10.0)  # the listener's backoff: first pause, longest pause
+
+
+class JobWaiter:
+    """Per API process: which requests wait on which job ids, and what wakes them."""
+
+    def __init__(self, engine: Engine, database_url: str):
+        self.engine = engine
+        self.postgres = engine.dialect.name == "postgresql"
+        self.database_url = database_url
+        self._waiters: dict[uuid.UUID, set[asyncio.Event]] = {}
+        self._task: asyncio.Task | None = None
+        self.listening = False  # PostgreSQL: LISTEN is in place now
+
+    # --- lifecycle (the app's startup and shutdown hooks) ---------------------------------------
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._listen() if self.postgres else self._poll(),
+                                         name="job-waiter")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+
+    # --- waiting ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def subscribe(self, job_id: uuid.UUID):
+        """An event set whenever `job_id` may have changed. Subscribe before reading the row, so
+        a change between the read and the wait is not missed."""
+        event = asyncio.Event()
+        self._waiters.setdefault(job_id, set()).add(event)
+        try:
+            yield event
+        finally:
+            subscribers = self._waiters.get(job_id)
+            if subscribers is not None:
+                subscribers.discard(event)
+                if not subscribers:
+                    del self._waiters[job_id]
+
+    def interval(self) -> float:
+        """How long a waiter sleeps without news before it re-reads its row anyway."""
+        return POLL_S if self.postgres and not self.listening else SAFETY_S
+
+    async def changes(self, job_id: uuid.UUID, read: Callable[[], T], deadline: float) -> AsyncIterator[T]:
+        """`read()` (run in a thread) now, then each time the job may have changed, until
+        `deadline` (time.monotonic()) passes; the caller stops iterating when it has what it
+        waits for. The last value is read at or after the deadline."""
+        with self.subscribe(job_id) as event:
+            while True:
+                event.clear()
+                yield await anyio.to_thread.run_sync(read)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                with anyio.move_on_after(min(left, self.interval())):
+                    await event.wait()
+
+    def wake(self, job_id: uuid.UUID) -> None:
+        for event in self._waiters.get(job_id, ()):
+            event.set()
+
+    def wake_all(self) -> None:
+        for events in self._waiters.values():
+            for event in events:
+                event.set()
+
+    # --- PostgreSQL: LISTEN ---------------------------------------------------------------------
+
+    async def _listen(self) -> None:
+        import psycopg
+
+        conninfo = make_url(self.database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+        pause = RECONNECT_S[0]
+        while True:
+            try:
+                async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True,
+                                                                 connect_timeout=5) as conn:
+                    await conn.execute(f"LISTEN {JOB_CHANGES_CHANNEL}")
+                    self.listening, pause = True, RECONNECT_S[0]
+                    self.wake_all()  # anything that ended while nobody listened
+                    async for note in conn.notifies():
+                        self._on_notify(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("job notifications: listener lost (%s); waiting requests poll every %.1f s "
+                            "until it reconnects", preview(e), POLL_S)
+            self.listening = False
+            self.wake_all()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RECONNECT_S[1])
+
+    def _on_notify(self, payload: str) -> None:
+        try:
+            job_id = uuid.UUID(payload)
+        except ValueError:
+            return
+        self.wake(job_id)
+
+    # --- SQLite: one poller -------------------------------------------------------------------
+
+    async def _poll(self) -> None:
+        seen: dict[uuid.UUID, Any] = {}
+        while True:
+            await asyncio.sleep(POLL_S)
+            ids = list(self._waiters)
+            if not ids:
+                seen.clear()
+                continue
+            try:
+                states = await anyio.to_thread.run_sync(self._states, ids)
+            except Exception as e:  # the waiters' own SAFETY_S re-reads carry on meanwhile
+                log.warning("job notifications: polling failed: %s", preview(e))
+                continue
+            for job_id in ids:
+                state = states.get(job_id)  # None: deleted
+                if job_id not in seen or seen[job_id] != state:
+                    seen[job_id] = state
+                    self.wake(job_id)
+            for gone in set(seen) - set(ids):
+                del seen[gone]
+
+    def _states(self, ids: list[uuid.UUID]) -> dict[uuid.UUID, tuple[str, int]]:
+        J = JobRecord
+        out: dict[uuid.UUID, tuple[str, int]] = {}
+        with self.engine.connect() as conn:
+            for start in range(0, len(ids), 500):
+                rows = conn.execute(sa.select(J.id, J.status, sa.func.length(sa.cast(J.partial, sa.Text)))
+                                    .where(J.id.in_(ids[start:start + 500])))
+                out.update({job_id: (status, size or 0) for job_id, status, size in rows})
+        return out
+
+
+async def until_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Returns once the client has gone away (the ASGI `http.disconnect` message). Call it only
+    after the request body has been read."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]],
+                              work: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]:
+    """Run `work()`; stop it if the client disconnects first. (result, False), or (None, True)
+    when the client went away."""
+    result: list[T] = []
+    gone = False
+    async with anyio.create_task_group() as group:
+        async def watch() -> None:
+            nonlocal gone
+            await until_disconnected(receive)
+            gone = True
+            group.cancel_scope.cancel()
+
+        async def run() -> None:
+            result.append(await work())
+            group.cancel_scope.cancel()
+
+        group.start_soon(watch)
+        group.start_soon(run)
+    return (result[0] if result else None), gone
