@@ -58,7 +58,9 @@ CALL_LIMIT = 64 * MiB  # the working tree plus carried paths, per call (the devi
 # transformers too: the image's (5.17 when last read) is older than the one pinned and tested
 # here, and the engine registers its own attention function with it; its requirements
 # (huggingface-hub, tokenizers, safetensors) are met by the image's versions.
-BUNDLED = ("llguidance", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "gguf", "transformers")
+# google-re2: every user `pattern` runs on RE2 (structspec/grammar/regex.py), result checks included.
+BUNDLED = ("llguidance", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "gguf", "transformers",
+           "google-re2")
 IMAGE_HAS = ("torch", "triton", "tokenizers", "safetensors", "huggingface-hub", "accelerate",
              "numpy", "jinja2", "markupsafe", "pytest", "pluggy", "iniconfig", "packaging", "attrs", "pyyaml",
              "regex", "tqdm", "filelock", "fsspec", "requests", "typing-extensions", "sympy", "mpmath",

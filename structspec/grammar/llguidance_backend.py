@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 from structspec.grammar.base import SchemaError, SchemaProblem
 from structspec.grammar.limits import GrammarLimits, SchemaLimitExceeded, limit_setting
+from structspec.grammar.regex import schema_patterns
 from structspec.grammar.validation import find_keyword, pointer
 
 # Compact JSON: no optional whitespace, so structure is forced byte for byte and the
@@ -190,4 +191,17 @@ def _problems(schema: dict, message: str) -> list[SchemaProblem]:
             out += [SchemaProblem(p, f"keyword {kw!r} is not supported by the grammar engine", kw)
                     for p in paths]
         return out
-    return [SchemaProblem("", message.strip().splitlines()[0], None)]
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    # a pattern the grammar engine refuses: "regex parse error:", the pattern, carets, "error: <reason>";
+    # or one line ending "... in regex /<pattern>/"
+    parse_error = bool(lines) and lines[0].startswith("regex parse error") and len(lines) >= 2
+    at = [(path, pattern) for path, pattern in schema_patterns(schema)
+          if (parse_error and pattern.strip() == lines[1]) or f"regex /{pattern}/" in message]
+    if not at and (parse_error or " in regex /" in message):  # the engine quotes its own rewrite: name them all
+        at = list(schema_patterns(schema))
+    if at:
+        reason = (next((line[len("error:"):].strip() for line in lines if line.startswith("error:")), lines[-1])
+                  if parse_error else lines[0].split("; ")[0])
+        return [SchemaProblem(pointer(path), f"pattern {pattern!r} cannot be compiled by the grammar engine: {reason}",
+                              "pattern") for path, pattern in at]
+    return [SchemaProblem("", " ".join(lines[:3]) if lines else "the grammar engine refused the schema", None)]

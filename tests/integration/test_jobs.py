@@ -135,6 +135,22 @@ def test_wait_answers_200_with_the_finished_job_and_registers_an_inline_schema(s
 
 # --- batches -------------------------------------------------------------------------------
 
+# The grammar forces the 60 `a`s; the pattern (Python's `re`: 0.13 s at 22 characters, doubling
+# per character) is then checked on them when the result is validated (issue 30).
+BACKTRACKING = {"type": "object", "required": ["code"],
+                "properties": {"code": {"const": "a" * 60, "pattern": "^(a+)+b$|a"}}}
+
+
+def test_a_backtracking_pattern_neither_hangs_its_job_nor_the_next_one_on_the_worker(stack):
+    r = stack.client.post("/v1/extractions", json={"schema": BACKTRACKING, "document": "code: " + "a" * 60,
+                                                   "options": {"max_tokens": 64}})
+    assert r.status_code == 202, r.text
+    job = stack.wait_job(r.json()["id"], timeout=10)
+    assert job["status"] == "succeeded" and job["result"] == {"code": "a" * 60}, job
+    other = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "label: a"})
+    assert stack.wait_job(other.json()["id"], timeout=10)["status"] == "succeeded"
+
+
 def test_batch_of_50_returns_valid_results_in_input_order(stack):
     docs = [{"id": f"doc-{i}", "document": f"document number {i}: label {'abc'[i % 3]}"} for i in range(50)]
     r = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id, "documents": docs})
