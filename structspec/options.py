@@ -37,7 +37,8 @@ SPECS: dict[str, OptionSpec] = {s.name: s for s in (
                minimum=0, maximum=64),
     OptionSpec("temperature", "0 = greedy; > 0 samples from the masked, temperature-scaled target",
                minimum=0, maximum=10),
-    OptionSpec("seed", "seed of a sampled request (temperature > 0); unset draws one"),
+    OptionSpec("seed", "seed of a sampled request (temperature > 0); unset draws one", minimum=0,
+               maximum=2**63 - 1),  # torch's generator takes a signed 64-bit seed
     OptionSpec("max_tokens", "most output tokens; a result cut there is reported as truncated",
                minimum=1, maximum=65536),
     OptionSpec("verbatim", "plain string fields only copy spans of the document; the schema annotation "
@@ -102,8 +103,8 @@ class RequestOptions:
                     raise OptionError(name, f"{name} must be set")
                 continue
             _check_number(SPECS[name], value)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise OptionError("seed", f"seed must be an integer, not {self.seed!r}")
+        if self.seed is not None:
+            _check_number(SPECS["seed"], self.seed)
         if not isinstance(self.verbatim, bool):
             raise OptionError("verbatim", f"verbatim must be true or false, not {self.verbatim!r}")
         return self

@@ -11,8 +11,10 @@ dies mid-try leaves the batch held back for HOLD_S, then it is tried again.
 The body is JSON: {"type": "batch.finished", "delivery": "<batch id>", "batch": <what
 GET /v1/batches/{id} answers>, "results_url": "/v1/batches/<id>/results"}. With
 STRUCTSPEC_WEBHOOK_SECRET set, the header `Structspec-Signature: sha256=<hex>` is the
-HMAC-SHA256 of the raw body under that secret. Which hosts may be called is decided at
-submission (STRUCTSPEC_WEBHOOK_HOSTS, api/services/jobs.py Webhook).
+HMAC-SHA256 of the raw body under that secret. Which hosts may be called
+(STRUCTSPEC_WEBHOOK_HOSTS, structspec/services/webhooks.py) is checked at submission and again
+before each try, on the addresses the host resolves to then; a refused address is a failed
+try, with the reason kept, and nothing is sent to it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from structspec.api.services.jobs import to_batch_read
 from structspec.config import Settings
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.logs import preview
+from structspec.services.webhooks import address_problem
 
 log = logging.getLogger("structspec.worker")
 
@@ -68,7 +71,8 @@ def deliver_webhooks(settings: Settings, sessions, post: Callable[..., httpx.Res
             read = to_batch_read(batch, *JobRepository(session).counts(batch_id))
         body = msgspec.json.encode({"type": "batch.finished", "delivery": str(batch_id), "batch": read,
                                     "results_url": f"/v1/batches/{batch_id}/results"})
-        error = _post(post, url, body, settings.webhook_secret)
+        refused = address_problem(url, settings.webhook_hosts)  # a name may resolve elsewhere than at submission
+        error = refused or _post(post, url, body, settings.webhook_secret)
         retry = None if error is None else retry_after(attempts)
         with sessions.begin() as session:
             BatchRepository(session).webhook_done(batch_id, error, retry)

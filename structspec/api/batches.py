@@ -26,6 +26,9 @@ from structspec.api.structs import (NO_NUL, BatchAccepted, BatchCreate, BatchPag
 BatchId = Annotated[str, PathParameter(description="batch id (UUID)")]
 Jobs = NamedDependency[JobService]
 NDJSON = "application/x-ndjson"
+# the query parameters of an NDJSON batch (the submit handler's): anything else is a typo, refused
+NDJSON_PARAMETERS = frozenset({"schema_id", "strategy", "draft_len", "temperature", "seed", "max_tokens", "verbatim",
+                               "webhook_url"})
 _OPTION = "NDJSON body only (a JSON body carries its options)"
 
 # The request body, for the document only: the handler reads the raw body itself (NDJSON is
@@ -73,7 +76,7 @@ class BatchController(Controller):
                                                             schema_extra=option_keywords("draft_len"))] = None,
             temperature: Annotated[float | None, QueryParameter(description=_OPTION,
                                                                 schema_extra=option_keywords("temperature"))] = None,
-            seed: Annotated[int | None, QueryParameter(description=_OPTION)] = None,
+            seed: Annotated[int | None, QueryParameter(description=_OPTION, schema_extra=option_keywords("seed"))] = None,
             max_tokens: Annotated[int | None, QueryParameter(description=_OPTION,
                                                              schema_extra=option_keywords("max_tokens"))] = None,
             verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None,
@@ -85,6 +88,12 @@ class BatchController(Controller):
         idem = Idempotency.of(idempotency_key, "POST /v1/batches", content_type.encode(),
                               str(sorted(request.query_params.multi_items())).encode(), data)
         if content_type in (NDJSON, "application/jsonl", "application/ndjson"):
+            unknown = sorted(set(request.query_params) - NDJSON_PARAMETERS)
+            if unknown:
+                raise UnprocessableError(
+                    f"unknown query parameter {unknown[0]!r}; an NDJSON batch takes "
+                    f"{', '.join(sorted(NDJSON_PARAMETERS))}",
+                    [ErrorItem(path=name, message="unknown query parameter", source="query") for name in unknown])
             options = JobOptions(strategy=strategy, draft_len=draft_len, temperature=temperature, seed=seed,
                                  max_tokens=max_tokens, verbatim=verbatim)
             accepted, replayed = await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options,

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from structspec.config import Settings
 from structspec.db.models import DEFAULT_TENANT, SchemaRecord
 from structspec.db.repositories import SchemaRepository
+from structspec.options import SPECS
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +25,9 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 # lock_name serializes registrations per name; retries cover a database without such a lock.
 _VERSION_RETRIES = 3
+# A generous bound on the characters one token writes (the default model's longest is 16-odd): a
+# schema whose shortest value is longer than the largest max_tokens times this cannot fit any output.
+MAX_TOKEN_CHARS = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,8 +97,7 @@ class SchemaRegistry:
         """Store `schema` as the next version of `name`; if a live version of that name already
         has the same content, return it instead. Returns (stored, created)."""
         check_name(name)
-        self._check_size(schema)
-        warnings = check_usable(schema, self.settings)
+        warnings = self.check(schema)
         from structspec.grammar import schema_hash
 
         digest = schema_hash(schema)
@@ -114,6 +117,12 @@ class SchemaRegistry:
                     raise
                 log.info("version race on schema %r, retrying", name)
         raise AssertionError("unreachable")
+
+    def check(self, schema: dict[str, Any]) -> list[str]:
+        """Every check `register` makes of a body (size, meta-schema, grammar), storing nothing;
+        the warnings."""
+        self._check_size(schema)
+        return check_usable(schema, self.settings)
 
     def get(self, schema_id: str | uuid.UUID) -> StoredSchema:
         with self.session_factory() as session:
@@ -178,13 +187,16 @@ def check_usable(schema: dict[str, Any], settings: Settings | None = None) -> li
     # Imported here: structspec.grammar loads llguidance and jsonschema; the API must start fast.
     from structspec.grammar import GrammarLimits, SchemaError, SchemaLimitExceeded, check_schema
     from structspec.grammar.limits import check_shape
+    from structspec.grammar.productive import check_productive
 
     settings = settings or Settings()
     try:
         check_shape(schema, settings.max_schema_depth, settings.max_schema_nodes)
         limits = GrammarLimits.from_settings(settings)
-        return [str(SchemaError([w])) for w in
-                _bounded(lambda: check_schema(schema, limits), settings.grammar_compile_timeout_s)]
+        warnings = _bounded(lambda: check_schema(schema, limits), settings.grammar_compile_timeout_s)
+        max_tokens = int(SPECS["max_tokens"].maximum)
+        check_productive(schema, max_chars=max_tokens * MAX_TOKEN_CHARS, max_tokens=max_tokens)
+        return [str(SchemaError([w])) for w in warnings]
     except SchemaLimitExceeded as e:
         first = e.problems[0]
         raise SchemaRejected(f"schema is over a limit ({e.setting}): {first.message}", [

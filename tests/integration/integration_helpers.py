@@ -4,6 +4,7 @@ pytest puts this directory on sys.path)."""
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -35,7 +36,9 @@ def id_param(session, value: str):
 class Receiver:
     """An HTTP server on 127.0.0.1 that records each POST and answers with the next status."""
 
-    def __init__(self, statuses: list[int] | None = None):
+    def __init__(self, statuses: list[int] | None = None, location: str | None = None, stall_s: float = 0):
+        """`location`: sent as the Location header (with a 3xx status, a redirect); `stall_s`:
+        seconds to wait before answering (a receiver that does not answer in time)."""
         self.posts: list[tuple[dict[str, str], bytes]] = []
         self.statuses = statuses or []
         receiver = self
@@ -45,7 +48,10 @@ class Receiver:
                 body = self.rfile.read(int(self.headers["content-length"]))
                 receiver.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
                 status = receiver.statuses.pop(0) if receiver.statuses else 200
+                time.sleep(stall_s)
                 self.send_response(status)
+                if location is not None:
+                    self.send_header("location", location)
                 self.send_header("content-length", "2")
                 self.end_headers()
                 self.wfile.write(b"ok")

@@ -143,3 +143,55 @@ def test_webhook_urls_are_refused_unless_their_host_is_allowed(hooked, client):
     assert r.status_code == 202
     assert allowed.get(f"/v1/batches/{r.json()['id']}").json()["webhook"]["url"] == "http://localhost:9/h"
     assert allowed.get("/v1/batches").json()["items"][0]["webhook"]["attempts"] == 0
+
+
+def test_a_redirect_is_not_followed_and_counts_as_a_failed_try(hooked, sessions, receiver):
+    settings, client = hooked
+    redirecting = Receiver([302], location=receiver.url)
+    try:
+        batch_id = new_batch(client, redirecting.url)
+        finish(sessions, batch_id)
+        assert deliver_webhooks(settings, sessions) == 0
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert hook["attempts"] == 1 and hook["error"].startswith("HTTP 302") and hook["delivered_at"] is None
+        assert len(redirecting.posts) == 1 and receiver.posts == []  # the Location was never called
+    finally:
+        redirecting.close()
+
+
+def test_a_receiver_that_does_not_answer_fails_the_try_at_the_timeout(hooked, sessions, monkeypatch):
+    import time
+
+    settings, client = hooked
+    monkeypatch.setattr(webhooks, "TIMEOUT_S", 0.5)
+    stalling = Receiver(stall_s=5)
+    try:
+        batch_id = new_batch(client, stalling.url)
+        finish(sessions, batch_id)
+        start = time.monotonic()
+        assert deliver_webhooks(settings, sessions) == 0
+        assert time.monotonic() - start < 3  # the 0.5 s timeout, not the receiver's 5 s
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert hook["attempts"] == 1 and hook["error"].startswith("ReadTimeout")
+    finally:
+        stalling.close()
+
+
+def test_a_name_that_resolves_to_a_private_address_is_not_called(settings, sessions, receiver, monkeypatch):
+    """Under `*` a host name passes at submission; before each POST the worker resolves it, and a
+    loopback answer (DNS that changed, or points inside) fails the try with the reason, sending
+    nothing."""
+    port = int(receiver.url.split(":")[2].split("/")[0])
+    starred = replace(settings, webhook_hosts="*")
+    real = socket.getaddrinfo
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: real("127.0.0.1" if host == "hooks.test"
+                                                                              else host, *a, **k))
+    with TestClient(create_app(starred), raise_server_exceptions=False) as client:
+        batch_id = new_batch(client, f"http://hooks.test:{port}/hook")
+        finish(sessions, batch_id)
+        assert deliver_webhooks(starred, sessions) == 0
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert "'hooks.test' (127.0.0.1) is loopback" in hook["error"], hook
+        make_due(sessions, batch_id)
+        assert deliver_webhooks(starred, sessions) == 0
+        assert receiver.posts == [] and client.get(f"/v1/batches/{batch_id}").json()["webhook"]["attempts"] == 2

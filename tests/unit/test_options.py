@@ -20,7 +20,7 @@ def error_of(opts: RequestOptions, concrete: bool = False) -> OptionError:
 
 def test_every_field_has_a_spec_and_only_numbers_have_bounds():
     assert OPTION_NAMES == tuple(f for f in RequestOptions.__dataclass_fields__)
-    assert NUMERIC == ["draft_len", "temperature", "max_tokens"]
+    assert NUMERIC == ["draft_len", "temperature", "seed", "max_tokens"]
     assert all(SPECS[n].maximum is not None for n in NUMERIC)
     assert SPECS["strategy"].choices == JOB_STRATEGIES == (AUTO, *STRATEGIES)
 
