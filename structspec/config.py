@@ -105,6 +105,9 @@ class Settings:
     # ("*": any); empty = webhooks refused (422). With a secret, each POST is signed (HMAC-SHA256).
     webhook_hosts: str = ""
     webhook_secret: str = ""
+    # /metrics: empty = open, with totals per strategy only (no tenant's schema named); set, it
+    # needs `Authorization: Bearer <metrics_token>` and breaks the totals down per tenant and schema.
+    metrics_token: str = ""
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
     # POST /openai/v1/chat/completions waits this long for its job; then 504 naming the job

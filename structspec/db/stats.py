@@ -95,9 +95,10 @@ class StatsRepository:
         return [a.decayed(clock, half_life) for a in arms]
 
     def metric_rows(self) -> Sequence[sa.Row]:
-        """(schema_id, name, version, strategy, requests, output_tokens, target_passes, proposed,
+        """(schema_id, tenant, name, version, strategy, requests, output_tokens, target_passes, proposed,
         accepted, decode_s, batch_size_sum, latency_s_sum, latency_buckets) per arm, for /metrics."""
-        q = (sa.select(A.schema_id, SchemaRecord.name, SchemaRecord.version, A.strategy, A.requests,
+        q = (sa.select(A.schema_id, SchemaRecord.tenant, SchemaRecord.name, SchemaRecord.version, A.strategy,
+                       A.requests,
                        A.output_tokens, A.target_passes, A.proposed, A.accepted, A.decode_s, A.batch_size_sum,
                        A.latency_s_sum, A.latency_buckets)
              .join(SchemaRecord, SchemaRecord.id == A.schema_id)

@@ -3,6 +3,11 @@
 Workers and the API are separate processes (and possibly machines); the database rows the
 workers update in their result transactions are the one exact, shared count, so /metrics
 reads them instead of keeping in-process counters.
+
+Tenants' schemas stay private: by default the counters are summed per strategy over every
+schema (label `strategy` only), so nothing names or identifies a tenant's schema. With
+`per_schema` (an operator's scrape with STRUCTSPEC_METRICS_TOKEN) they are broken down by
+`tenant`, `schema_id`, `schema` (name) and `version` too.
 """
 
 from __future__ import annotations
@@ -31,8 +36,8 @@ COUNTERS = (  # (metric name without _total, row field, help)
 class _Snapshot:
     """A prometheus_client collector over rows read once per scrape."""
 
-    def __init__(self, rows: Sequence, backlog: dict[str, tuple[int, float]]):
-        self.rows, self.backlog = rows, backlog
+    def __init__(self, rows: Sequence, backlog: dict[str, tuple[int, float]], per_schema: bool):
+        self.rows, self.backlog, self.per_schema = rows, backlog, per_schema
 
     def collect(self) -> Iterable:
         jobs = GaugeMetricFamily("structspec_jobs", "Jobs queued or running now (every tenant)", labels=["status"])
@@ -44,10 +49,11 @@ class _Snapshot:
             age.add_metric([status], age_s)
         yield jobs
         yield age
-        labels = ["schema_id", "schema", "version", "strategy"]
+        labels = ["tenant", "schema_id", "schema", "version", "strategy"] if self.per_schema else ["strategy"]
         groups: dict[tuple, dict] = {}
-        for r in self.rows:  # sum over draft lengths: labels are (schema, strategy)
-            key = (str(r.schema_id), r.name, str(r.version), r.strategy)
+        for r in self.rows:  # sum over draft lengths (and, unless per_schema, over schemas)
+            key = ((r.tenant, str(r.schema_id), r.name, str(r.version), r.strategy) if self.per_schema
+                   else (r.strategy,))
             g = groups.setdefault(key, {"decode_s": 0.0, "latency_s_sum": 0.0,
                                         "buckets": [0] * (len(LATENCY_BUCKETS) + 1),
                                         **{f: 0 for _, f, _ in COUNTERS}})
@@ -81,9 +87,10 @@ def _fmt(x: float) -> str:
     return repr(float(x))
 
 
-def render(rows: Sequence, backlog: dict[str, tuple[int, float]]) -> bytes:
+def render(rows: Sequence, backlog: dict[str, tuple[int, float]], per_schema: bool = False) -> bytes:
     """Prometheus text format for StatsRepository.metric_rows() and the job backlog
-    ({status: (jobs, age of the oldest in seconds)})."""
+    ({status: (jobs, age of the oldest in seconds)}); per strategy, or with `per_schema` per
+    (tenant, schema, strategy)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(rows, backlog))
+    registry.register(_Snapshot(rows, backlog, per_schema))
     return generate_latest(registry)

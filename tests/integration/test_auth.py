@@ -12,9 +12,11 @@ from dataclasses import replace
 
 import pytest
 import sqlalchemy as sa
+from litestar.testing import TestClient
 
 from conftest import ROOT
 from integration_helpers import assert_error
+from structspec.api.app import create_app
 from structspec.services.keys import create_key, revoke_key
 from structspec.db.session import make_engine, make_session_factory
 
@@ -95,11 +97,44 @@ def test_a_revoked_key_stops_working_at_once(client, keys):
 
 def test_health_metrics_and_the_api_document_stay_open(client, keys):
     assert client.get("/health").status_code in (200, 503)  # open; 503 only says a dependency is down
-    assert client.get("/metrics").status_code == 200
+    assert client.get("/metrics").status_code == 200  # what it reveals: the next test
     doc = client.get("/schema/openapi.json")
     assert doc.status_code == 200
     assert doc.json()["paths"]["/v1/schemas"]["post"]["security"] == [{"ApiKey": []}]
     assert "401" in doc.json()["paths"]["/v1/extractions"]["post"]["responses"]
+
+
+def test_open_metrics_name_no_tenants_schema_and_the_operators_token_shows_them(client, keys, settings):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from structspec.db.stats import StatsRepository
+
+    stats = {"strategy": "schema", "draft_len": 2, "output_tokens": 7, "target_passes": 5, "proposed": 10,
+             "accepted": 2, "decode_s": 0.1, "accepted_by_position": [2, 0], "proposed_by_position": [5, 5]}
+    secrets = {}
+    for tenant, name in (("alice", "alice-payroll-2026"), ("bob", "bob-merger-target")):
+        r = client.post("/v1/schemas", headers=keys[tenant], json={"name": name, "schema": SCHEMA})
+        assert r.status_code == 201, r.text
+        secrets[tenant] = (name, r.json()["id"])
+        with client.app.state.session_factory.begin() as session:
+            StatsRepository(session).record(uuid.UUID(r.json()["id"]), stats, half_life=500, latency_s=0.5)
+
+    body = client.get("/metrics").text  # no key of any kind
+    for name, schema_id in secrets.values():
+        assert name not in body and schema_id not in body and schema_id.replace("-", "") not in body
+    assert "alice" not in body and "bob" not in body
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body) for s in family.samples}
+    # the totals are all there, summed over both tenants' schemas
+    assert samples[("structspec_requests_total", (("strategy", "schema"),))] == 2
+    assert samples[("structspec_output_tokens_total", (("strategy", "schema"),))] == 14
+
+    with TestClient(create_app(replace(settings, metrics_token="ops-token")), raise_server_exceptions=False) as ops:
+        assert_error(ops.get("/metrics"), 401)
+        assert_error(ops.get("/metrics", headers=keys["alice"]), 401)  # a tenant's API key is not the token
+        body = ops.get("/metrics", headers={"authorization": "Bearer ops-token"}).text
+        for tenant, (name, schema_id) in secrets.items():
+            assert f'tenant="{tenant}"' in body and f'schema="{name}"' in body and schema_id in body
 
 
 def test_a_second_tenant_cannot_read_list_cancel_or_delete_the_first_tenants_objects(client, keys):

@@ -5,12 +5,15 @@ The end-to-end check through a real worker is tests/integration/test_stats_worke
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 from integration_helpers import assert_error
+from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from structspec.api.app import create_app
 from structspec.db.stats import StatsRepository
 from structspec.options import RequestOptions
 from structspec.stats.aggregate import InMemoryStats
@@ -42,8 +45,17 @@ def record(sessions, schema_id: str, stats: dict, latency_s: float = 0.3) -> Non
         StatsRepository(session).record(uuid.UUID(schema_id), stats, half_life=500, latency_s=latency_s)
 
 
+METRICS_TOKEN = "operator-scrape-token"  # /metrics per schema is the operator's view
+
+
+@pytest.fixture
+def client(settings):
+    with TestClient(create_app(replace(settings, metrics_token=METRICS_TOKEN)), raise_server_exceptions=False) as c:
+        yield c
+
+
 def metric_samples(client) -> dict[tuple, float]:
-    r = client.get("/metrics")
+    r = client.get("/metrics", headers={"authorization": f"Bearer {METRICS_TOKEN}"})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
     out = {}
     for family in text_string_to_metric_families(r.text):

@@ -19,7 +19,8 @@ from structspec.services.strategy import choose_for_job
 
 
 class StatsService:
-    """Statistics of one tenant's schemas; `metrics` covers all (it carries no content)."""
+    """Statistics of one tenant's schemas; `metrics` covers all (per strategy; per tenant and
+    schema only for the operator's token, api/metrics.py)."""
 
     def __init__(self, session_factory: sessionmaker[Session], settings: Settings, tenant: str = DEFAULT_TENANT):
         self.session_factory = session_factory
@@ -67,13 +68,13 @@ class StatsService:
                 repo.set_pin(sid, pin.strategy, pin.draft_len)
         return self.get(schema_id)
 
-    def metrics(self) -> bytes:
+    def metrics(self, per_schema: bool = False) -> bytes:
         with self.session_factory() as session:
             rows = StatsRepository(session).metric_rows()
             now = database_now(session)
             backlog = {status: (n, (now - oldest).total_seconds() if oldest else 0.0)
                        for status, (n, oldest) in JobRepository(session).backlog().items()}
-        return metrics.render(rows, backlog)
+        return metrics.render(rows, backlog, per_schema)
 
     def _live(self, session: Session, schema_id: str, sid) -> None:
         if SchemaRepository(session, self.tenant).get(sid) is None:
