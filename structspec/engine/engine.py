@@ -33,9 +33,11 @@ from structspec.engine.proposers import DocumentIndex, DraftContext, make_propos
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
 from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
-from structspec.engine.step import commit, emitted_probs, fill_bitmask, guard_loops, margins, pack, propose, verify
+from structspec.engine.step import (GrammarDeadEnd, commit, emitted_probs, fill_bitmask, guard_loops, margins, pack,
+                                    propose, verify)
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
+from structspec.grammar.limits import limit_setting
 from structspec.logs import preview
 from structspec.options import SPECS, RequestOptions
 
@@ -389,8 +391,11 @@ class Engine:
                   extra={"stack": "".join(traceback.format_tb(error.__traceback__))[-1900:]})
         self.scheduler.retire(seq)
         seq.stats.finish("error", time.perf_counter() - seq.submitted_at)
+        setting = limit_setting(str(error)) if isinstance(error, GrammarDeadEnd) else None
+        reason = (f"grammar limit reached ({setting}; raise it for this schema): {error}" if setting
+                  else f"internal error: {type(error).__name__}: {error}")
         return ExtractResult("error", None, self.token_text.text_of(seq.out), list(seq.out), seq.stats,
-                             f"internal error: {type(error).__name__}: {error}"[:2000], seq.id, seq.margins)
+                             reason[:2000], seq.id, seq.margins)
 
     def _finish(self, seq: Sequence, reason: str | None) -> ExtractResult:
         """Retire `seq` (reason overrides its stop reason, e.g. "cancelled") and build its result."""

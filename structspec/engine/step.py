@@ -229,7 +229,8 @@ def commit(seq: Sequence, emitted: list[int], eos_ids: set[int], token_bytes, ba
         seq.stop_reason = "eos"
         return
     if correction < 0:
-        raise GrammarDeadEnd("the grammar allows no token here")
+        raise GrammarDeadEnd("the grammar allows no token here" + (f": {seq.matcher.error()}"
+                                                                   if seq.matcher.error() else ""))
     if correction in eos_ids and seq.matcher.is_accepting():
         seq.stop_reason = "eos"
         return

@@ -53,10 +53,12 @@ class GrammarLimits:
 _LIMIT_MESSAGES = [
     (re.compile(r"grammar size \(number of symbols\) too big"), "grammar_max_size"),
     (re.compile(r"initial lexer configuration \(grammar\) too big"), "grammar_initial_lexer_fuel"),
-    (re.compile(r"lexer fuel|fuel exhausted", re.I), "grammar_step_lexer_fuel"),
-    (re.compile(r"max_items_in_row|too many items in a row", re.I), "grammar_max_items_in_row"),
-    (re.compile(r"step_max_items|too many Earley items|parser too complex", re.I), "grammar_step_max_items"),
-    (re.compile(r"lexer states|lexer too complex", re.I), "grammar_max_lexer_states"),
+    (re.compile(r"lexer fuel|fuel exhausted|too many expressions constructed", re.I), "grammar_step_lexer_fuel"),
+    (re.compile(r"max_items_in_row|too many items in a row|current row has \d+ items; max is", re.I),
+     "grammar_max_items_in_row"),
+    (re.compile(r"step_max_items|too many Earley items|parser too complex|too many items \(limit", re.I),
+     "grammar_step_max_items"),
+    (re.compile(r"lexer states|lexer too complex|too many states", re.I), "grammar_max_lexer_states"),
 ]
 
 

@@ -97,12 +97,21 @@ def test_json_object_and_the_model_list(client, deployment):
 
 
 def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, deployment, tmp_path):
-    """Through the surface (auto strategy, speculation) vs `structspec extract --messages
-    --strategy none`: the CLI prints the value, so the comparison is of the parsed JSON."""
-    r = client.chat.completions.create(
-        model="m", messages=MESSAGES, max_tokens=64, temperature=0,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}})
-    _, settings, model = deployment
+    """Through the surface, speculating (the schema pinned to `composite`: drafts proposed and
+    accepted, checked on the job's stats) vs `structspec extract --messages --strategy none`:
+    the CLI prints the value, so the comparison is of the parsed JSON."""
+    base, settings, model = deployment
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    first = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, temperature=0,
+                                           response_format=fmt)  # registers the inline schema
+    schema_id = first.model_extra["structspec"]["schema_id"]
+    pin = httpx.put(f"{base}/v1/schemas/{schema_id}/strategy", json={"strategy": "composite", "draft_len": 4})
+    assert pin.status_code == 200, pin.text
+    r = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, temperature=0,
+                                       response_format=fmt)
+    job = httpx.get(f"{base}/v1/extractions/{r.model_extra['structspec']['job_id']}").json()
+    assert job["stats"]["strategy"] == "composite", job["stats"]
+    assert job["stats"]["proposed"] > 0 and job["stats"]["accepted"] > 0, job["stats"]
     (tmp_path / "person.json").write_text(json.dumps(PERSON))
     (tmp_path / "chat.json").write_text(json.dumps({"messages": MESSAGES}))
     env = {**os.environ, "STRUCTSPEC_DATA_DIR": str(tmp_path / "cli"), "STRUCTSPEC_CACHE_DIR": str(settings.cache_dir)}

@@ -20,8 +20,14 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton.backends.nvidia") is None, reason="no NVIDIA backend in triton")
 def test_kernels_compile_for_sm90() -> None:
+    if importlib.util.find_spec("triton.backends.nvidia") is None:
+        # The pinned triton wheel ships the NVIDIA backend and its ptxas: missing is a broken
+        # install, which CI must not pass over (as a missing service fails there, not skips).
+        reason = "no NVIDIA backend in the installed triton: the kernels cannot be compiled for a GPU"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # silence the 3.9 default-change warning
     result = subprocess.run(

@@ -8,10 +8,11 @@ default model.
 
 from __future__ import annotations
 
+import jsonschema
+
 import pytest
 
 from structspec.options import STRATEGIES, RequestOptions
-from structspec.grammar import validate_instance
 from tests.conftest import allowed_tokens, deepjsoneval_rows, unavailable
 
 SPECULATIVE = [s for s in STRATEGIES if s != "none"]
@@ -164,7 +165,8 @@ def test_successful_results_validate_against_schema(tiny_engine):
         res = run(tiny_engine, schema, RECEIPT_TEXT, strategy, max_tokens=64)
         if res.status == "succeeded":
             seen += 1
-            assert validate_instance(schema, res.value) == []
+            # jsonschema itself, not the engine's own validate_instance, is the oracle
+            jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(res.value)
     assert seen == len(STRATEGIES)
 
 

@@ -41,8 +41,14 @@ class FirstAllowedProposer:
         return draft
 
 
-def test_seed_makes_sampling_reproducible(tiny_engine):
+def test_seed_makes_sampling_reproducible_and_other_seeds_sample_otherwise(tiny_engine):
     opts = dict(strategy="composite", draft_len=4, temperature=1.5, max_tokens=32)
     a = tiny_engine.extract(SCHEMA, TEXT, RequestOptions(seed=7, **opts))
     b = tiny_engine.extract(SCHEMA, TEXT, RequestOptions(seed=7, **opts))
     assert a.tokens == b.tokens
+    # The same seed agreeing proves nothing if the seed were ignored or sampling fell back to
+    # greedy: other seeds must draw other outputs (12 colour x size values; a seed-blind engine
+    # gives one), and greedy must not be all that is ever drawn.
+    values = {tuple(tiny_engine.extract(SCHEMA, TEXT, RequestOptions(seed=s, **opts)).tokens) for s in range(8)}
+    greedy = tiny_engine.extract(SCHEMA, TEXT, RequestOptions(**{**opts, "temperature": 0.0})).tokens
+    assert len(values) >= 3 and values != {tuple(greedy)}, values

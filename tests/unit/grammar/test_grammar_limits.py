@@ -75,3 +75,29 @@ def test_limits_follow_the_settings():
     assert (limits.grammar_max_size, limits.grammar_step_lexer_fuel) == (7, 9)
     parser = limits.llguidance()
     assert (parser.max_grammar_size, parser.step_lexer_fuel, parser.initial_lexer_fuel) == (7, 9, 1_000_000)
+
+
+# 30 overlapping branches: each token step builds rows of 30 parser items and a lexer of many states
+BRANCHY = {"anyOf": [{"type": "object", "properties": {f"k{i}": {"type": "string"}}, "required": [f"k{i}"]}
+                     for i in range(30)]}
+
+
+@pytest.mark.parametrize("setting, value, says", [
+    ("grammar_step_lexer_fuel", 50, "too many expressions constructed"),
+    ("grammar_step_max_items", 10, "Too many items (limit 10"),
+    ("grammar_max_items_in_row", 3, "max is 3"),
+    ("grammar_max_lexer_states", 5, "too many states"),
+])
+def test_each_per_token_limit_fails_the_job_naming_its_setting(tiny_loaded, setting, value, says):
+    """The four limits llguidance enforces per generated token (the worker compiles with them):
+    set low, a job on a branchy schema stops with an error that names the setting, never runs
+    on or hangs; with the defaults the same job runs to its end."""
+    from structspec.engine.engine import Engine
+    from structspec.options import RequestOptions
+
+    options = RequestOptions(strategy="none", max_tokens=48)
+    limited = Engine(tiny_loaded, kernel_backend="torch", **{setting: value}).extract(BRANCHY, "k3: hello", options)
+    assert limited.status == "error" and limited.value is None
+    assert f"grammar limit reached ({setting};" in limited.error and says in limited.error, limited.error
+    unlimited = Engine(tiny_loaded, kernel_backend="torch").extract(BRANCHY, "k3: hello", options)
+    assert unlimited.status in ("succeeded", "truncated"), unlimited.error
