@@ -9,7 +9,8 @@ the input, after a translation from JSON Schema's dialect (ECMA-262) to RE2's:
 - `\\uXXXX`, `\\u{X…}` become `\\x{…}`; `\\cX` the control character; `\\/` a slash;
 - `.` excludes every ECMA line terminator (\\n, \\r, U+2028, U+2029), and `\\s` / `\\S` take
   ECMA's white space set (RE2's is ASCII only); `\\d`, `\\w`, `\\b` are ASCII in both;
-- `(?<name>…)` becomes `(?P<name>…)`.
+- `(?<name>…)` becomes `(?P<name>…)`; `[\\b]` a backspace, `\\0` NUL; `\\p{Script=Greek}`,
+  `\\p{gc=Lu}` and the like `\\p{Greek}`, `\\p{Lu}` (RE2 takes the value alone).
 
 What RE2 cannot run in linear time is refused with the reason (`PatternError`): look-ahead and
 look-behind, back-references (`\\1`, `\\k<name>`). So is a pattern RE2 cannot parse, or one
@@ -33,6 +34,8 @@ _DOT = r"[^\n\r\x{2028}\x{2029}]"
 _HEX = set("0123456789abcdefABCDEF")
 # keywords whose values are data, not subschemas: a "pattern" key inside them is no pattern
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# ECMA's \p{Key=Value} keys whose value RE2 takes as \p{Value}
+_PROPERTY_KEYS = frozenset({"Script", "sc", "Script_Extensions", "scx", "General_Category", "gc"})
 
 
 _OPTIONS = re2.Options()
@@ -85,6 +88,20 @@ def translate(pattern: str) -> str:
                 out.append(f"[^{_ECMA_SPACE}]")
             elif e == "/":
                 out.append("/")
+            elif e == "b" and in_class:  # ECMA: [\b] is a backspace, not a word boundary
+                out.append("\\x{8}")
+            elif e == "0" and not (i < n and pattern[i].isdigit()):  # ECMA's \0: NUL
+                out.append("\\x{0}")
+            elif e in "pP" and i < n and pattern[i] == "{":
+                end = pattern.find("}", i)
+                if end < 0:
+                    raise PatternError(f"unterminated property escape \\{e}{pattern[i:i + 12]}")
+                name, value = pattern[i + 1:end].partition("=")[::2]
+                if value and name not in _PROPERTY_KEYS:
+                    raise PatternError(f"unsupported property \\{e}{{{pattern[i + 1:end]}}}: "
+                                       "a script or general category is supported")
+                out.append(f"\\{e}{{{value or name}}}")  # RE2 takes the value alone
+                i = end + 1
             else:
                 out.append("\\" + e)
             continue

@@ -38,6 +38,13 @@ EVIL_SCHEMA = {"anyOf": [{"type": "string", "pattern": EVIL}, {"const": "a" * 60
     (r"^[^]$", "\n", True),
     (r"[\s,]x", "\u2003x", True),
     (r"b", "abc", True),  # unanchored, as JSON Schema's pattern is
+    (r"^[\b]$", "\b", True),  # in a class, \b is a backspace
+    (r"^[\b]$", "b", False),
+    (r"^a\0b$", "a\x00b", True),  # \0 is NUL
+    (r"^\p{Script=Greek}+$", "\u03b1\u03b2", True),  # RE2 takes a property's value alone
+    (r"^\p{sc=Greek}+$", "ab", False),
+    (r"^\p{gc=Lu}\P{General_Category=Lu}$", "Qq", True),
+    (r"^\p{L}+$", "\u00e9t\u00e9", True),
 ])
 def test_patterns_keep_ecma_262_meaning_on_re2(pattern, text, matches):
     assert search(pattern, text) is matches
@@ -56,6 +63,8 @@ def test_patterns_keep_ecma_262_meaning_on_re2(pattern, text, matches):
     ("[]", "an empty class"),
     ("\\u12", "invalid escape"),
     ("a\\", "lone backslash"),
+    (r"\p{Foo=Bar}", "unsupported property"),
+    (r"\p{Greek", "unterminated property escape"),
 ])
 def test_what_re2_cannot_run_is_refused_with_the_reason(pattern, reason):
     with pytest.raises(PatternError, match=re.escape(reason)):
