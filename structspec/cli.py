@@ -146,6 +146,11 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
     order as they become available; `progress`: a bar on stderr counts finished documents."""
     from tqdm import tqdm
 
+    if show_stats:  # what every document's line below ran on
+        print(json.dumps({"engine": {"model": engine.loaded.name, "device": str(engine.device),
+                                     "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+                                     "dtype_note": engine.loaded.dtype_note, "batched": engine.batched,
+                                     "max_seqs": engine.scheduler.max_seqs}}), file=sys.stderr, flush=True)
     with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:
         return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar)
 
@@ -503,7 +508,7 @@ def add_extract_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("extract", help="extract JSON from documents with a schema",
                        description="Print one JSON value per document on stdout (results that are not "
                                    "a complete, schema-valid value go to stderr and make the exit status 1). "
-                                   "With --stats, a JSON line of decoding statistics per document goes to stderr.")
+                                   "With --stats, a JSON line on the engine (model, dtype and why), then one of decoding statistics per document, go to stderr.")
     p.add_argument("--schema", required=True, help="JSON Schema file")
     p.add_argument("documents", nargs="+", metavar="DOC", help="text files ('-' for stdin)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics per document to stderr")

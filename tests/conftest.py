@@ -111,7 +111,7 @@ def default_engine():
     from structspec.engine.model_files import ModelLoadError
 
     try:
-        loaded = load_model("default", device="cpu", cache_dir=Settings.from_env().cache_dir)
+        loaded = load_model("default", device="cpu", dtype="float32", cache_dir=Settings.from_env().cache_dir)
     except ModelLoadError as e:
         unavailable(f"default model: {e}")
     return Engine(loaded, kernel_backend="torch")

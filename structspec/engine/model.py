@@ -30,6 +30,11 @@ class LoadedModel:
     device: torch.device
     vocab_size: int  # width of the logits
     context_len: int
+    dtype_note: str = ""  # why the weights are in their dtype (load_model's choice under `auto`)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
 
     @property
     def eos_token_ids(self) -> set[int]:
@@ -52,13 +57,66 @@ def resolve_device(device: str) -> torch.device:
     return dev
 
 
+def cpu_has_bf16_matmul() -> bool:
+    """True where torch's CPU GEMMs run bf16 on the chip's own units: AMX tiles or AVX512-BF16
+    (oneDNN uses them). Elsewhere a bf16 GEMM converts to fp32 and back, slower than fp32."""
+    for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        check = getattr(torch.cpu, probe, None)
+        if check is not None and check():
+            return True
+    return False
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """The dtype to load in: `auto` is bf16 on CUDA and on CPUs with bf16 matrix units
+    (cpu_has_bf16_matmul), fp32 elsewhere. On a CPU, load_model then checks bf16 against fp32
+    logits once and falls back to fp32 if they disagree beyond near-ties."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_matmul()):
+            return torch.bfloat16
+        return torch.float32
     try:
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     except KeyError:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use auto, float32, bfloat16 or float16") from None
+
+
+# The start-up check of `auto`'s bf16 on a CPU: a fixed extraction-shaped prompt, through the
+# model in fp32 and in bf16. At every position, bf16's top token must be one fp32 ranks within
+# BF16_CHECK_GAP logits of its own top (a near-tie). bf16 logits carry ~3 significant digits,
+# so gaps under a few tenths flip; a model that flips wider ones would change outputs, and
+# keeps fp32.
+BF16_CHECK_PROMPT = ('Extract the fields as JSON.\nSUNRISE MART, 12 Jalan Ampang. Date: 2023-04-18. '
+                     'TOTAL 45.90, paid by card.\n{"merchant": "SUNRISE MART", "date": "2023-04-18", '
+                     '"total": 45.90, "paid": "card"}')
+BF16_CHECK_GAP = 1.0
+
+
+@dataclass(frozen=True)
+class DtypeCheck:
+    """What the bf16 start-up check saw: the widest fp32 gap a bf16 top token fell behind,
+    over how many positions, and the largest |logit| difference."""
+
+    positions: int
+    worst_gap: float
+    max_diff: float
+
+    @property
+    def ok(self) -> bool:
+        return self.worst_gap <= BF16_CHECK_GAP
+
+
+@torch.inference_mode()
+def check_bf16(model, tokenizer) -> DtypeCheck:
+    """Compare `model` (fp32) with a bf16 copy of itself on BF16_CHECK_PROMPT. Leaves `model` in
+    bf16 (the caller keeps it, or reloads fp32 weights when the check fails)."""
+    ids = torch.tensor([tokenizer(BF16_CHECK_PROMPT)["input_ids"]], device=next(model.parameters()).device)
+    ref = model(input_ids=ids, use_cache=False).logits[0].float()
+    model.to(torch.bfloat16)
+    got = model(input_ids=ids, use_cache=False).logits[0].float()
+    top = got.argmax(-1)
+    gaps = ref.max(-1).values - ref.gather(-1, top[:, None])[:, 0]
+    return DtypeCheck(positions=ids.shape[1], worst_gap=float(gaps.max()), max_diff=float((ref - got).abs().max()))
 
 
 def convert_gguf(gguf: Path, target: Path) -> Path:
@@ -120,7 +178,11 @@ def load_tokenizer(spec: str = DEFAULT_MODEL, cache_dir: Path | None = None):
 
 def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = "auto",
                cache_dir: Path | None = None) -> LoadedModel:
-    """Load a causal LM and its tokenizer, ready for inference."""
+    """Load a causal LM and its tokenizer, ready for inference.
+
+    dtype `auto` on a CPU with bf16 matrix units loads fp32, checks a bf16 copy against it
+    (check_bf16) and keeps bf16 when it passes, fp32 otherwise; LoadedModel.dtype_note says
+    which and why."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -128,22 +190,48 @@ def load_model(spec: str = DEFAULT_MODEL, *, device: str = "auto", dtype: str = 
     cache_dir = cache_dir or Settings.from_env().cache_dir
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
+    checked = dtype == "auto" and dev.type == "cpu" and torch_dtype == torch.bfloat16
     path, name = model_dir(spec, cache_dir)
+
+    def load(as_dtype: torch.dtype):
+        try:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=as_dtype).to(dev).eval()
+        except (OSError, ValueError) as e:
+            raise ModelLoadError(f"could not load model {spec!r} from {path}: {e}") from e
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"could not load model {spec!r} from {path}: {e}") from e
     if not getattr(tokenizer, "is_fast", False):
         raise ModelLoadError(f"model {spec!r} has no fast tokenizer; the grammar engine needs one")
-    model.to(dev).eval()
-    return from_model(model, tokenizer, name=name or spec)
+    if not checked:
+        model = load(torch_dtype)
+        note = (f"{dtype} (asked for)" if dtype != "auto" else
+                f"auto: {short_name(torch_dtype)} ({'CUDA' if dev.type == 'cuda' else 'this CPU has no bf16 matrix units'})")
+        return from_model(model, tokenizer, name=name or spec, dtype_note=note)
+    model = load(torch.float32)
+    check = check_bf16(model, tokenizer)
+    detail = (f"top tokens within {check.worst_gap:.3g} fp32 logits over {check.positions} positions, "
+              f"max |diff| {check.max_diff:.3g}")
+    if check.ok:
+        note = f"auto: bfloat16 (bf16 matrix units; start-up check against fp32 passed: {detail})"
+    else:
+        log.warning("bf16 logits disagree with fp32 beyond near-ties (%s); running in float32", detail)
+        model = load(torch.float32)
+        note = f"auto: float32 (bf16 failed the start-up check against fp32: {detail})"
+    return from_model(model, tokenizer, name=name or spec, dtype_note=note)
 
 
-def from_model(model, tokenizer, name: str = "custom") -> LoadedModel:
+def short_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def from_model(model, tokenizer, name: str = "custom", dtype_note: str = "") -> LoadedModel:
     """Wrap an already-built model (tests build small random ones)."""
     cfg = model.config
     vocab = model.get_output_embeddings().weight.shape[0]
     context = getattr(cfg, "max_position_embeddings", None) or 2048
     return LoadedModel(model=model, tokenizer=tokenizer, name=name, device=next(model.parameters()).device,
-                       vocab_size=vocab, context_len=context)
+                       vocab_size=vocab, context_len=context,
+                       dtype_note=dtype_note or short_name(next(model.parameters()).dtype))

@@ -91,7 +91,10 @@ def test_auto_strategy_learns_in_the_local_database(capsys, monkeypatch, tmp_pat
         assert main(["extract", "--schema", str(schema), str(doc), str(doc), "--stats", "--max-tokens", "24"]) == 0
         err = capsys.readouterr().err
         assert "statistics of schema cli.my_receipt v1" in err
-        lines += [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+        found = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+        # the first line says what ran: the engine's model and dtype (and why that dtype)
+        assert found[0]["engine"]["dtype"] == "float32" and found[0]["engine"]["dtype_note"]
+        lines += found[1:]
     assert [x["selected_by"] for x in lines] == ["selected"] * 4
     # a new schema probes every proposer first, at a draft length of the configured grid
     assert {x["strategy"] for x in lines[:3]} == {"schema", "ngram", "composite"}
@@ -124,7 +127,7 @@ def test_verbatim_extract_copies_spans_and_learns_under_verbatim_arms(capsys, mo
     assert main(["extract", "--schema", str(schema), str(doc), str(doc), "--stats", "--verbatim"]) == 0
     out, err = capsys.readouterr()
     assert all(json.loads(line)["who"] in doc.read_text() for line in out.splitlines())
-    stats = [json.loads(x) for x in err.splitlines() if x.startswith("{")]
+    stats = [json.loads(x) for x in err.splitlines() if x.startswith('{"document"')]
     assert [x["verbatim"] for x in stats] == [True, True] and stats[0]["strategy"] == "schema"
     with make_session_factory(make_engine(Settings.from_env().database_url))() as session:
         arms = StatsRepository(session).arms(SchemaRepository(session).get_by_name("cli.who").id)
