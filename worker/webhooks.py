@@ -28,10 +28,10 @@ from typing import Callable
 import httpx
 import msgspec
 
-from structspec.api.services.jobs import to_batch_read
 from structspec.config import Settings
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.logs import preview
+from structspec.services.batches import to_batch_read
 from structspec.services.webhooks import address_problem
 
 log = logging.getLogger("structspec.worker")

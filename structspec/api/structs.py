@@ -11,6 +11,7 @@ from litestar.openapi.spec import OpenAPIType, Schema
 
 from structspec.api.errors import ErrorItem
 from structspec.options import JOB_STRATEGIES, SPECS
+from structspec.services.batches import BatchCounts, BatchRead, BatchWebhook  # noqa: F401 - the API's types too
 
 NAME_PATTERN = r"^[A-Za-z0-9._-]*[A-Za-z0-9_-][A-Za-z0-9._-]*$"  # not only dots ("." or "..")
 STRATEGIES = list(JOB_STRATEGIES)
@@ -217,34 +218,6 @@ class JobPage(msgspec.Struct, kw_only=True):
     total: int
     limit: int
     offset: int
-
-
-class BatchCounts(msgspec.Struct, kw_only=True):
-    queued: int = 0
-    running: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    cancelled: int = 0
-
-
-class BatchWebhook(msgspec.Struct, kw_only=True):
-    url: str
-    delivered_at: Annotated[datetime | None, msgspec.Meta(description="when the URL answered 2xx")]
-    attempts: int
-    error: Annotated[str | None, msgspec.Meta(description="the last failed try's reason")]
-
-
-class BatchRead(msgspec.Struct, kw_only=True):
-    id: uuid.UUID
-    schema_id: Annotated[uuid.UUID | None, msgspec.Meta(
-        description="null for a batch submitted in OpenAI's Batch format, whose requests carry their own schemas")]
-    total: int
-    counts: BatchCounts
-    status: Annotated[str, msgspec.Meta(
-        description="queued | running | succeeded | failed | cancelled | partial (see docs/api.md)")]
-    created_at: datetime
-    finished_at: datetime | None
-    webhook: BatchWebhook | None = None
 
 
 class BatchPage(msgspec.Struct, kw_only=True):

@@ -3,6 +3,8 @@
   services (structspec/services), the HTTP API, the CLI or what sits beside it (client, demo,
   benchmarks, the worker);
 - the services import none of the application layer above them;
+- the worker and the HTTP API sit side by side: the worker imports no part of the API or the CLI
+  (what both need, such as a batch's view, lives in structspec/services);
 - the grammar library does not import the engine, and the statistics are pure: no database."""
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ FORBIDDEN = {
     "structspec/grammar": BELOW_SERVICES + ("structspec.engine",),
     "structspec/stats": BELOW_SERVICES + ("structspec.db", "sqlalchemy"),
     "structspec/db": BELOW_SERVICES,
+    "worker": ("structspec.api", "structspec.cli"),
 }
 
 

@@ -25,10 +25,8 @@ from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTo
                                    from_registry)
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.waiting import JobWaiter
-from structspec.api.structs import (BatchAccepted, BatchCounts, BatchCreate, BatchPage, BatchRead, BatchWebhook,
-                                    ExtractionCreate,
-                                    JobAccepted, JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings,
-                                    Rejected)
+from structspec.api.structs import (BatchAccepted, BatchCreate, BatchPage, BatchRead, ExtractionCreate, JobAccepted,
+                                    JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings, Rejected)
 from structspec.config import Settings
 from structspec.db.columns import utcnow
 from structspec.db.idempotency import IdempotencyRepository
@@ -36,6 +34,7 @@ from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
 from structspec.logs import preview
 from structspec.options import OptionError, RequestOptions
+from structspec.services.batches import to_batch_read
 from structspec.services.schemas import RegistryError, SchemaRegistry
 from structspec.services.webhooks import url_problem
 
@@ -539,31 +538,6 @@ def result_line(j: JobRecord) -> bytes:
         line["error"] = j.error
     line["stats"] = {k: j.stats.get(k) for k in STATS_KEYS} if j.stats else None
     return msgspec.json.encode(line) + b"\n"
-
-
-def batch_status(counts: dict[str, int], cancelled: bool) -> str:
-    """queued: nothing started; running: some not finished; once all are finished: cancelled if
-    the batch was cancelled, succeeded/failed if all did, otherwise partial."""
-    total = sum(counts.values())
-    if counts["queued"] == total:
-        return "queued"
-    if counts["queued"] or counts["running"]:
-        return "running"
-    if cancelled and counts["cancelled"]:
-        return "cancelled"
-    for s in ("succeeded", "failed", "cancelled"):
-        if counts[s] == total:
-            return s
-    return "partial"
-
-
-def to_batch_read(b: BatchRecord, counts: dict[str, int], latest) -> BatchRead:
-    status = batch_status(counts, b.cancelled_at is not None)
-    done = status not in ("queued", "running")
-    webhook = None if b.webhook_url is None else BatchWebhook(
-        url=b.webhook_url, delivered_at=b.webhook_delivered_at, attempts=b.webhook_attempts, error=b.webhook_error)
-    return BatchRead(id=b.id, schema_id=b.schema_id, total=b.total, counts=BatchCounts(**counts), status=status,
-                     created_at=b.created_at, finished_at=latest if done else None, webhook=webhook)
 
 
 def _get_or_404(repository, record_id: str, what: str, tenant: str):
