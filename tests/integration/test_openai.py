@@ -98,8 +98,13 @@ def test_json_object_and_the_model_list(client, deployment):
 
 def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, deployment, tmp_path):
     """Through the surface, speculating (the schema pinned to `composite`: drafts proposed and
-    accepted, checked on the job's stats) vs `structspec extract --messages --strategy none`:
-    the CLI prints the value, so the comparison is of the parsed JSON."""
+    accepted, checked on the jobs' stats) vs `structspec extract --messages --strategy none`:
+    the CLI prints the value, so the comparison is of the parsed JSON.
+
+    A pinned `auto` job still has its drafts trimmed to what pays (engine/cost.py): a Thompson
+    draw of the schema's acceptance, seeded by the job id, against the measured pass cost, so
+    one job may draft nothing. Up to three jobs run; each must equal the CLI's value, and at
+    least one must have drafted and had drafts accepted."""
     base, settings, model = deployment
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
     first = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, temperature=0,
@@ -107,11 +112,15 @@ def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, depl
     schema_id = first.model_extra["structspec"]["schema_id"]
     pin = httpx.put(f"{base}/v1/schemas/{schema_id}/strategy", json={"strategy": "composite", "draft_len": 4})
     assert pin.status_code == 200, pin.text
-    r = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, temperature=0,
-                                       response_format=fmt)
-    job = httpx.get(f"{base}/v1/extractions/{r.model_extra['structspec']['job_id']}").json()
-    assert job["stats"]["strategy"] == "composite", job["stats"]
-    assert job["stats"]["proposed"] > 0 and job["stats"]["accepted"] > 0, job["stats"]
+    replies, stats = [], []
+    while len(replies) < 3 and not any(st["proposed"] > 0 and st["accepted"] > 0 for st in stats):
+        r = client.chat.completions.create(model="m", messages=MESSAGES, max_tokens=64, temperature=0,
+                                           response_format=fmt)
+        job = httpx.get(f"{base}/v1/extractions/{r.model_extra['structspec']['job_id']}").json()
+        assert job["stats"]["strategy"] == "composite", job["stats"]
+        replies.append(json.loads(r.choices[0].message.content))
+        stats.append(job["stats"])
+    assert any(st["proposed"] > 0 and st["accepted"] > 0 for st in stats), json.dumps(stats)
     (tmp_path / "person.json").write_text(json.dumps(PERSON))
     (tmp_path / "chat.json").write_text(json.dumps({"messages": MESSAGES}))
     env = {**os.environ, "STRUCTSPEC_DATA_DIR": str(tmp_path / "cli"), "STRUCTSPEC_CACHE_DIR": str(settings.cache_dir)}
@@ -119,7 +128,7 @@ def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, depl
                           "--max-tokens", "64", "--schema", str(tmp_path / "person.json"), "--messages",
                           str(tmp_path / "chat.json")], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
     assert cli.returncode == 0, cli.stderr[-3000:]
-    assert json.loads(r.choices[0].message.content) == json.loads(cli.stdout)
+    assert all(reply == json.loads(cli.stdout) for reply in replies), (replies, cli.stdout)
 
 
 def test_extract_messages_names_a_bad_messages_file(tmp_path):
