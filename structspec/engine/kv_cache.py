@@ -284,17 +284,46 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
                      seg_table, step.max_rows, scale=scaling, window=window)
         return out.unsqueeze(0), None
     out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
+    upcast = query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
     for seg in step.segments:
         k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
         end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
         k_buf[:, seg.past:end] = key[0, :, rows]
         v_buf[:, seg.past:end] = value[0, :, rows]
         mask = seg.mask(window, query.device)
+        if upcast and seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0):
+            out[:, :, rows] = upcast_attention(query[:, :, rows], k_buf[:, :end], v_buf[:, :end], mask, scaling)
+            continue
         causal = mask is None and seg.rows > 1
         out[:, :, rows] = F.scaled_dot_product_attention(
             query[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0),
             attn_mask=mask, is_causal=causal, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2), None
+
+
+# torch 2.13's CPU SDPA in bf16/fp16 costs ~4x its fp32 time on a decode row (one query, 512
+# keys: 497 against 121 us measured, docs/benchmarks.md), which made a bf16 decode pass slower
+# than an fp32 one. Decode and verification rows (a few per sequence, past the first chunk)
+# therefore attend in fp32 matmuls on the CPU and round the result back.
+UPCAST_MAX_ROWS = 32
+
+
+def upcast_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+                     scaling: float | None) -> torch.Tensor:
+    """Attention of query [1, heads, R, D] over keys, values [kv_heads, L, D] in fp32, returned in
+    the query's dtype. mask [R, L] bool (True: may attend) or None (every key visible); query
+    head h reads kv head h // (heads / kv_heads), as transformers' repeat_kv lays them out."""
+    _, heads, r, d = query.shape
+    kv_heads, length, dv = keys.shape[0], keys.shape[1], values.shape[-1]
+    group = heads // kv_heads
+    scale = scaling if scaling is not None else d ** -0.5
+    q = query.reshape(kv_heads, group * r, d).float()
+    scores = torch.matmul(q, keys.float().transpose(-1, -2)).mul_(scale)  # [kv_heads, group * r, L]
+    if mask is not None:
+        scores = scores.view(kv_heads, group, r, length).masked_fill_(~mask, float("-inf")).view(kv_heads, group * r,
+                                                                                                length)
+    out = torch.matmul(scores.softmax(-1), values.float())  # [kv_heads, group * r, Dv]
+    return out.view(1, heads, r, dv).to(query.dtype)
 
 
 def register_attention() -> None:
