@@ -158,6 +158,45 @@ def doc_key(schema: dict, document: str, opts: RequestOptions) -> str:
     return f"{schema_hash(schema)}:{hash(document)}:{opts.verbatim}"
 
 
+@dataclass
+class Comparison:
+    """Requests run batched against `none` alone (traced), every result checked by a Tally."""
+
+    refs: list
+    results: list
+    tally: Tally
+    tap: LogitTap
+
+    @property
+    def noise(self) -> str:
+        return (f"batched vs one-at-a-time logits: max |diff| {self.tap.max_diff:.3g} over {self.tap.compared} "
+                f"rows (|logit| <= {self.tap.max_logit:.3g})")
+
+    def finished(self) -> tuple[int, int]:
+        return sum(map(finished, self.refs)), sum(map(finished, self.results))
+
+
+def compare_batched(loaded, requests: list[Request], eps: float, monkeypatch, label: str,
+                    **engine_settings) -> Comparison:
+    """Run `requests` one at a time (`none`, traced, their logits recorded by a LogitTap), then
+    batched on an engine with `engine_settings`; every batched result must equal its reference or
+    diverge at a near-tie under `eps`, and a succeeded value must be schema-valid."""
+    references = References(loaded)
+    references.tap = tap = LogitTap(monkeypatch)
+    refs = [references(r.schema, r.document, r.options) for r in requests]
+    tap.recording = False
+    engine = batched_engine(loaded, **engine_settings)
+    for r in requests:
+        tap.doc_of[r.id] = doc_key(r.schema, r.document, r.options)
+    results = engine.run(requests)
+    tally = Tally(eps)
+    for r, ref, res in zip(requests, refs, results):
+        tally.check(ref, res, f"{label}, {r.options.strategy} k={r.options.draft_len}")
+        if res.status == "succeeded":
+            assert validate_instance(r.schema, res.value) == [], label
+    return Comparison(refs, results, tally, tap)
+
+
 # --- 1 + 3: many documents, joining and leaving -------------------------------------------
 
 STRATEGY_CYCLE = ("none", "schema", "ngram", "composite")
@@ -275,7 +314,6 @@ DEFAULT_MODEL_DOCS = 4
 @pytest.mark.model
 def test_default_model_batched_matches_one_at_a_time(default_engine, monkeypatch):
     loaded = default_engine.loaded
-    references = References(loaded)
     rows = deepjsoneval_rows(DEFAULT_MODEL_DOCS)
     requests = []
     for i, row in enumerate(rows):
@@ -284,23 +322,10 @@ def test_default_model_batched_matches_one_at_a_time(default_engine, monkeypatch
             adaptive = (i + j) % 2 == 0
             requests.append(Request(schema, row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=192),
                                     acceptance=ACCEPTANCE if adaptive else None))
-    references.tap = tap = LogitTap(monkeypatch)
-    refs = [references(r.schema, r.document, r.options) for r in requests]
-    tap.recording = False
-    engine = batched_engine(loaded, engine_max_seqs=8)
-    for r in requests:
-        tap.doc_of[r.id] = doc_key(r.schema, r.document, r.options)
-    results = engine.run(requests)
-    tally = Tally(DEFAULT_MODEL_EPS)
-    for r, ref, res in zip(requests, refs, results):
-        tally.check(ref, res, f"default model, {r.options.strategy} k={r.options.draft_len}")
-        if res.status == "succeeded":
-            assert validate_instance(r.schema, res.value) == []
+    c = compare_batched(loaded, requests, DEFAULT_MODEL_EPS, monkeypatch, "default model", engine_max_seqs=8)
+    tally, tap, refs, results, noise = c.tally, c.tap, c.refs, c.results, c.noise
     gaps = sorted(g for ref in refs for g in ref.margins)
-    done_ref, done_batched = sum(map(finished, refs)), sum(map(finished, results))
-    noise = (f"batched vs one-at-a-time logits: max |diff| {tap.max_diff:.3g} over {tap.compared} rows "
-             f"(|logit| <= {tap.max_logit:.3g})")
-    n = len(requests)
+    (done_ref, done_batched), n = c.finished(), len(requests)
     print(f"\n{DEFAULT_MODEL_DOCS} documents x 3 strategies, default model: {tally}; reference gaps below EPS: "
           f"{sum(g < tally.eps for g in gaps)} of {len(gaps)} (smallest {gaps[0]:.3g}); {noise}; "
           f"finished: one at a time {done_ref}/{n}, batched {done_batched}/{n}")

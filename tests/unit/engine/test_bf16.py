@@ -18,11 +18,9 @@ import torch
 import structspec.engine.model as model_module
 from structspec.engine.engine import Request
 from structspec.engine.model import check_bf16, from_model, load_model, resolve_dtype
-from structspec.grammar import validate_instance
 from structspec.bench.exactness import bounded
 from tests.conftest import deepjsoneval_rows
-from tests.unit.engine.test_batched import (DRAFT_LENS, LogitTap, References, Tally, batched_engine, doc_key,
-                                            finished, options)
+from tests.unit.engine.test_batched import DRAFT_LENS, compare_batched, options
 
 # Near-tie threshold for the normal-init tiny model in bf16, from measurement (LogitTap): the
 # same row's top-4 allowed logits batched vs alone differ by at most 3.9e-3 (1.2k rows, logits
@@ -118,32 +116,18 @@ def test_bf16_batched_matches_one_at_a_time_except_at_near_ties(tiny_normal_bf16
     requests = [Request(bounded(row["schema"]), row["text"],
                         options(strategies[i % 4], DRAFT_LENS[i % len(DRAFT_LENS)], max_tokens=160))
                 for i, row in enumerate(rows)]
-    references = References(tiny_normal_bf16)
-    references.tap = tap = LogitTap(monkeypatch)
-    refs = [references(r.schema, r.document, r.options) for r in requests]
-    tap.recording = False
-    engine = batched_engine(tiny_normal_bf16, engine_max_seqs=8)
-    for r in requests:
-        tap.doc_of[r.id] = doc_key(r.schema, r.document, r.options)
-    results = engine.run(requests)
-
-    tally = Tally(BF16_EPS)
-    for row, r, ref, res in zip(rows, requests, refs, results):
-        tally.check(ref, res, f"bf16 {row['id']} {r.options.strategy} k={r.options.draft_len}")
-        if res.status == "succeeded":
-            assert validate_instance(r.schema, res.value) == [], row["id"]
-    noise = (f"batched vs one-at-a-time logits: max |diff| {tap.max_diff:.3g} over {tap.compared} rows "
-             f"(|logit| <= {tap.max_logit:.3g})")
-    gaps = sorted(g for ref in refs for g in ref.margins)
-    done_ref, done_batched = sum(map(finished, refs)), sum(map(finished, results))
-    print(f"\n{DOCS} documents, tiny normal-init model in bf16: {tally}; reference gaps below BF16_EPS: "
+    c = compare_batched(tiny_normal_bf16, requests, BF16_EPS, monkeypatch, "bf16", engine_max_seqs=8)
+    tap, noise = c.tap, c.noise
+    gaps = sorted(g for ref in c.refs for g in ref.margins)
+    done_ref, done_batched = c.finished()
+    print(f"\n{DOCS} documents, tiny normal-init model in bf16: {c.tally}; reference gaps below BF16_EPS: "
           f"{sum(g < BF16_EPS for g in gaps)} of {len(gaps)}; {noise}; "
           f"finished: one at a time {done_ref}/{DOCS}, batched {done_batched}/{DOCS}")
-    assert next(engine.loaded.model.parameters()).dtype == torch.bfloat16
+    assert next(tiny_normal_bf16.model.parameters()).dtype == torch.bfloat16
     # the threshold is honest: a divergence needs a gap below 2 * max |diff|, BF16_EPS is twice that
     assert tap.compared > 500 and tap.max_diff > 0 and 2 * tap.max_diff <= BF16_EPS / 2, noise
     for strategy in ("schema", "ngram", "composite"):
-        accepted = sum(res.stats.accepted for r, res in zip(requests, results) if r.options.strategy == strategy)
+        accepted = sum(res.stats.accepted for r, res in zip(requests, c.results) if r.options.strategy == strategy)
         assert accepted > 0, strategy
     assert done_ref >= 0.75 * DOCS and done_batched >= 0.75 * DOCS, (done_ref, done_batched)
 
@@ -160,26 +144,12 @@ DEFAULT_MODEL_DOCS = 2
 def test_default_model_bf16_batched_matches_one_at_a_time(default_engine, monkeypatch):
     model = copy.deepcopy(default_engine.loaded.model).to(torch.bfloat16)
     loaded = from_model(model, default_engine.loaded.tokenizer, name="default-bf16")
-    references = References(loaded)
     rows = deepjsoneval_rows(DEFAULT_MODEL_DOCS)
     requests = [Request(bounded(row["schema"]), row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=160))
                 for i, row in enumerate(rows) for j, strategy in enumerate(("schema", "ngram", "composite"))]
-    references.tap = tap = LogitTap(monkeypatch)
-    refs = [references(r.schema, r.document, r.options) for r in requests]
-    tap.recording = False
-    engine = batched_engine(loaded, engine_max_seqs=8)
-    for r in requests:
-        tap.doc_of[r.id] = doc_key(r.schema, r.document, r.options)
-    results = engine.run(requests)
-    tally = Tally(DEFAULT_MODEL_BF16_EPS)
-    for r, ref, res in zip(requests, refs, results):
-        tally.check(ref, res, f"default model bf16, {r.options.strategy} k={r.options.draft_len}")
-        if res.status == "succeeded":
-            assert validate_instance(r.schema, res.value) == []
-    n = len(requests)
-    done_ref, done_batched = sum(map(finished, refs)), sum(map(finished, results))
-    noise = (f"batched vs one-at-a-time logits: max |diff| {tap.max_diff:.3g} over {tap.compared} rows "
-             f"(|logit| <= {tap.max_logit:.3g})")
+    c = compare_batched(loaded, requests, DEFAULT_MODEL_BF16_EPS, monkeypatch, "default model bf16", engine_max_seqs=8)
+    tally, tap, results, noise = c.tally, c.tap, c.results, c.noise
+    (done_ref, done_batched), n = c.finished(), len(requests)
     print(f"\n{DEFAULT_MODEL_DOCS} documents x 3 strategies, default model in bf16: {tally}; {noise}; "
           f"finished: one at a time {done_ref}/{n}, batched {done_batched}/{n}")
     assert tap.compared > 100 and 2 * tap.max_diff <= tally.eps / 2, noise
