@@ -146,9 +146,11 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
     order as they become available; `progress`: a bar on stderr counts finished documents."""
     from tqdm import tqdm
 
+    from structspec.engine.model import short_name
+
     if show_stats:  # what every document's line below ran on
         print(json.dumps({"engine": {"model": engine.loaded.name, "device": str(engine.device),
-                                     "dtype": str(engine.loaded.dtype).removeprefix("torch."),
+                                     "dtype": short_name(engine.loaded.dtype),
                                      "dtype_note": engine.loaded.dtype_note, "batched": engine.batched,
                                      "max_seqs": engine.scheduler.max_seqs}}), file=sys.stderr, flush=True)
     with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:

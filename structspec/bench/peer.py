@@ -39,7 +39,7 @@ from structspec.bench.receipts import receipt_rows
 from structspec.bench.strategies import field_accuracy, load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
-from structspec.engine.model import model_dir
+from structspec.engine.model import model_dir, short_name
 from structspec.engine.prompt import build_prompt
 from structspec.grammar import validate_instance
 from structspec.options import RequestOptions
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     bandwidth = memory_gbps()
     bound = {"chip": chip(), "memory_gbps": round(bandwidth, 2),
              "gemm_gflops": {d: round(gemm_gflops(getattr(torch, d), PREFILL_SHAPE), 1) for d in ("float32", "bfloat16")},
-             "structspec_dtype": str(loaded.dtype).removeprefix("torch."), "dtype_note": loaded.dtype_note,
+             "structspec_dtype": short_name(loaded.dtype), "dtype_note": loaded.dtype_note,
              "weight_read_ms": {}}
     params = sum(p.numel() for p in loaded.model.parameters())
     for d, size in (("float32", 4), ("bfloat16", 2)):
