@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import importlib.metadata as md
 import json
 import os
@@ -149,6 +150,7 @@ def bundle(out: Path, gguf: Path | None) -> dict[str, Any]:
         if (model_files / name).is_file():
             shutil.copy(model_files / name, out / "wheels" / "tokenizer" / name)
     gguf = gguf or default_gguf_path()
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
     tree = tree_bytes()
     wheel_bytes = sum(f.stat().st_size for f in (out / "wheels").rglob("*") if f.is_file())
     calls = plan_calls(tree, wheel_bytes, gguf.stat().st_size)
@@ -160,7 +162,8 @@ def bundle(out: Path, gguf: Path | None) -> dict[str, Any]:
         sent = tree + sum((ROOT / c).stat().st_size if (ROOT / c).is_file() else
                           sum(f.stat().st_size for f in (ROOT / c).rglob("*") if f.is_file()) for c in carry)
         last = i == len(parts) - 1
-        steps.append({"carry": carry, "bytes": sent, "command": stage_command(rel(out), part.name, last)})
+        steps.append({"carry": carry, "bytes": sent,
+                      "command": stage_command(rel(out), part.name, i == 0, last, sha)})
     summary = {"wheels": [w.name for w in wheels], "wheel_bytes": wheel_bytes, "tree_bytes": tree,
                "model": str(gguf), "model_bytes": gguf.stat().st_size, "calls": steps}
     (out / "PLAN.md").write_text(plan_markdown(summary))
@@ -168,17 +171,30 @@ def bundle(out: Path, gguf: Path | None) -> dict[str, Any]:
     return summary
 
 
-def stage_command(bundle_dir: str, part: str, last: bool) -> str:
+FIRST_CALL_STAGES = ("kernel-bench", "pass-cost", "throughput", "exactness", "kernels")  # random weights
+LAST_CALL_STAGES = ("real-model", "hf-peer")  # the default model's weights, whose parts the calls carry
+CHECK = ("set -o pipefail; HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/gpukit/site:$PWD "
+         "python3 -m structspec.bench.gpu check --device cuda --tokenizer /tmp/gpukit/tokenizer")
+
+
+def stage_command(bundle_dir: str, part: str, first: bool, last: bool, gguf_sha256: str = "") -> str:
     """The shell command of one call: stage its files outside the repo (they survive while the
-    machine is warm), and in the last call assemble the model and run the check."""
-    cmd = (f"mkdir -p /tmp/gpukit/model && cp {bundle_dir}/model/{part} /tmp/gpukit/model/ && "
-           f"if [ -d {bundle_dir}/wheels ]; then cp -r {bundle_dir}/wheels/tokenizer /tmp/gpukit/ && "
-           f"python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade "
-           f"--target /tmp/gpukit/site {bundle_dir}/wheels/*.whl; fi")
+    machine is warm, 30 s after a call). The first call installs the wheels and runs the
+    random-weight stages; the last assembles the model, checks it against the bundle's sha256
+    (exit 3, saying so, when an earlier call's part is gone: the machine went back between
+    calls) and runs the real-model stages. Each writes its report and log into $OUT as it goes."""
+    cmd = f"mkdir -p /tmp/gpukit/model && cp {bundle_dir}/model/{part} /tmp/gpukit/model/"
+    if first:
+        cmd += (f" && cp -r {bundle_dir}/wheels/tokenizer /tmp/gpukit/ && python3 -m pip install -q --no-index "
+                f"--no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpukit/site {bundle_dir}/wheels/*.whl"
+                f" && {{ {CHECK} --stages {','.join(FIRST_CALL_STAGES)} 2>&1 | tee $OUT/check-1.log; }}")
     if last:  # what `make gpu-check GGUF=...` runs, without needing make there
         cmd += (" && cat /tmp/gpukit/model/model.gguf.part* > /tmp/gpukit/model.gguf && "
-                "HF_HUB_OFFLINE=1 PYTHONPATH=/tmp/gpukit/site:$PWD python3 -m structspec.bench.gpu check "
-                "--device cuda --tokenizer /tmp/gpukit/tokenizer --gguf /tmp/gpukit/model.gguf")
+                f"{{ echo '{gguf_sha256}  /tmp/gpukit/model.gguf' | sha256sum -c --quiet || "
+                "{ echo 'gpu-check: the model parts staged by the earlier call are gone (the machine went back '"
+                "'between calls): start again from call 1'; exit 3; }; } && "
+                f"{{ {CHECK} --gguf /tmp/gpukit/model.gguf --stages {','.join(LAST_CALL_STAGES)} "
+                "2>&1 | tee $OUT/check-2.log; }")
     return cmd
 
 
@@ -188,7 +204,13 @@ def plan_markdown(s: dict[str, Any]) -> str:
              f"Tree sent by every call: {s['tree_bytes'] / MiB:.1f} MiB. Model: {s['model_bytes'] / MiB:.1f} MiB "
              f"in {len(s['calls'])} parts.", "",
              "Make the calls back to back: the machine stays warm 30 s after a call, and the staged files "
-             "in /tmp/gpukit go with it. If it went back, start again from call 1.", ""]
+             "in /tmp/gpukit go with it. The first call runs the random-weight stages "
+             f"({', '.join(FIRST_CALL_STAGES)}), the last the real-model ones ({', '.join(LAST_CALL_STAGES)}); "
+             "each stops starting work at its deadline (520 s) and says what it left. If the last call "
+             "exits 3, the machine went back: start again from call 1.", "",
+             "To re-run skipped stages while the machine is warm (every file is staged by then):", "",
+             "   ```sh", f"   {CHECK} --gguf /tmp/gpukit/model.gguf --stages NAME,NAME 2>&1 | tee $OUT/check-3.log",
+             "   ```", ""]
     for i, c in enumerate(s["calls"], 1):
         lines += [f"{i}. carry {json.dumps(c['carry'])} ({c['bytes'] / MiB:.1f} MiB sent), timeout_s 600:", "",
                   "   ```sh", f"   {c['command']}", "   ```", ""]
@@ -198,13 +220,30 @@ def plan_markdown(s: dict[str, Any]) -> str:
 
 # --- check (runs there; DEVICE=cpu here at small sizes) -----------------------------------------------
 
+_deadline: float | None = None  # monotonic time past which stages stop starting work (Report sets it)
+_report_dir: Path | None = None  # where the report goes; stages put their raw logs beside it
+
+
+def time_left() -> float:
+    """Seconds before the run's deadline (inf without one). Stages check it inside their loops:
+    the device tool kills a command at 600 s, and a stage killed mid-way writes nothing."""
+    return float("inf") if _deadline is None else _deadline - time.monotonic()
+
+
+def subprocess_timeout(floor: float = 30) -> float:
+    """A child's timeout: the time left, at least `floor` s, at most 540 s."""
+    return max(floor, min(540.0, time_left()))
+
+
 class Report:
     """Stages' results, written as JSON and Markdown after every stage (a killed run keeps them)."""
 
     def __init__(self, out: Path, device: str, deadline_s: float = 0):
+        global _deadline, _report_dir
         self.out, self.device = out, device
+        _report_dir = out
         self.stages: dict[str, dict[str, Any]] = {}
-        self.deadline = time.monotonic() + deadline_s if deadline_s > 0 else None
+        self.deadline = _deadline = time.monotonic() + deadline_s if deadline_s > 0 else None
         out.mkdir(parents=True, exist_ok=True)
 
     def stage(self, name: str, fn: Callable[[], dict[str, Any]]) -> None:
@@ -253,22 +292,25 @@ def subprocess_env() -> dict[str, str]:
 
 
 def run_kernel_tests(device: str, small: bool) -> dict[str, Any]:
-    """tests/kernels as `make test` runs them (the interpreter, CPU tensors); on CUDA also the
-    kernel-against-reference tests with the kernels compiled, on the GPU's tensors
-    (STRUCTSPEC_KERNEL_TESTS=cuda; the engine tests among them skip there, saying why)."""
-    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/kernels"]
-    out = {"summary": _pytest(args + (["-x", "-k", "greedy and not large"] if small else []),
-                              {"TRITON_INTERPRET": "1"})}
+    """On CUDA: the kernel-against-reference tests with the kernels compiled, on the GPU's tensors
+    (STRUCTSPEC_KERNEL_TESTS=cuda; the engine tests among them skip there, saying why). On a CPU:
+    tests/kernels in Triton's interpreter, as `make test` runs them. Not the interpreter on the
+    device: `make test` runs it on every CI run, and the lent image's Triton 3.6 interpreter
+    breaks on its NumPy >= 2.4, which once failed the stage before its compiled half ran."""
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf"]
     if device == "cuda":
         files = [f"tests/kernels/test_{name}.py" for name in ("bitmask", "greedy", "sampling", "attention")]
-        out["compiled"] = _pytest(args[:-1] + files, {"STRUCTSPEC_KERNEL_TESTS": "cuda"}, drop=("TRITON_INTERPRET",))
-    return out
+        return {"compiled": _pytest(args + files, {"STRUCTSPEC_KERNEL_TESTS": "cuda"}, drop=("TRITON_INTERPRET",))}
+    return {"summary": _pytest(args + ["tests/kernels"] + (["-x", "-k", "greedy and not large"] if small else []),
+                               {"TRITON_INTERPRET": "1"})}
 
 
 def _pytest(args: list[str], env_set: dict[str, str], drop: tuple[str, ...] = ()) -> str:
     """Run pytest; its summary line, or RuntimeError with the tail of its output."""
     env = {k: v for k, v in subprocess_env().items() if k not in drop} | env_set
-    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=subprocess_timeout())
+    if _report_dir is not None:  # the whole output comes back with the report
+        (_report_dir / "kernel-tests.log").write_text(proc.stdout + proc.stderr)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line or " error" in line),
                    tail[-1] if tail else "")
@@ -279,7 +321,8 @@ def _pytest(args: list[str], env_set: dict[str, str], drop: tuple[str, ...] = ()
 
 def run_kernel_bench(device: str, small: bool) -> dict[str, Any]:
     args = [sys.executable, "-m", "kernels.bench", "--device", device] + (["--quick"] if small else [])
-    proc = subprocess.run(args, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(args, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                          timeout=subprocess_timeout())
     if proc.returncode != 0:
         raise RuntimeError((proc.stdout + proc.stderr)[-3000:])
     return {"markdown": proc.stdout.strip()}
@@ -358,9 +401,11 @@ def exactness_stage(tok, configs: dict[str, dict], device: str, small: bool) -> 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     docs = documents(4 if small else 12)
     max_tokens = 48 if small else 96
-    results = []
+    results: list[dict] = []
     for name, base in configs.items():
         for dname, dtype in dtypes.items():
+            if time_left() < 60:
+                return {"runs": results, "truncated": f"out of time before {name} {dname}: run --stages exactness alone"}
             loaded = random_model(name, base, tok, device, dtype, small)
             alone = Engine(loaded, kernel_backend=kernel_backend(device), engine_max_seqs=1)
             refs = alone.run([Request(s, d, RequestOptions(strategy="none", draft_len=0, max_tokens=max_tokens,
@@ -415,18 +460,28 @@ def timed_run(loaded, device: str, max_seqs: int, schema: dict, docs: list[str],
     (default: kernel_backend(device))."""
     from structspec.engine.engine import Engine, Request
 
+    import torch
+
     engine = Engine(loaded, kernel_backend=backend or kernel_backend(device), engine_max_seqs=max_seqs, **settings)
     engine.run([Request(schema, docs[0], opts)])
+    engine.metrics = type(engine.metrics)()  # the timed documents' steps alone
+    engine.sync_timing = device == "cuda"
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
     results = engine.run([Request(schema, d, opts) for d in docs])
     wall = time.perf_counter() - t
     tokens = sum(r.stats.output_tokens for r in results)
     passes = sum(r.stats.target_passes for r in results)
-    decode = sum(r.stats.decode_s for r in results)
+    m = engine.metrics
+    per_step = lambda s: round(1e3 * s / m.steps, 2) if m.steps else None  # noqa: E731
     return {"max_seqs": max_seqs, "attention": engine.runner.attention, "documents": len(results),
             "output_tokens": tokens,
             "tokens_per_pass": round(tokens / passes, 2) if passes else None, "wall_s": round(wall, 3),
-            "tok_s": round(tokens / wall, 1), "decode_tok_s": round(tokens / decode, 1) if decode else None}
+            "tok_s": round(tokens / wall, 1), "steps": m.steps, "step_ms": per_step(m.step_s),
+            "forward_ms": per_step(m.forward_s), "verify_ms": per_step(m.verify_s),
+            "host_ms": per_step(m.step_s - m.forward_s - m.verify_s),
+            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if device == "cuda" else None}
 
 
 def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]:
@@ -442,14 +497,22 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
     batch_sizes = (1, 4) if small else (1, 8, 32, 64)
     docs = [r["text"] for r in receipts(2 * max(batch_sizes), seed=7)]
     opts = RequestOptions(strategy="none", draft_len=0, max_tokens=16 if small else 64)
-    out = [timed_run(loaded, device, b, schema, docs, opts, engine_kv_budget_mb=1 << 16) for b in batch_sizes]
-    if out[-1]["attention"] == "triton":  # the same largest batch on the torch attention: what the kernels earn
-        out.append(timed_run(loaded, device, batch_sizes[-1], schema, docs, opts, backend="torch",
+    out: list[dict] = []
+    result: dict[str, Any] = {"model": loaded.name, "runs": out}
+    for b in batch_sizes:  # a rate needs a few documents per slot, and batch 1's 16 give it (128 took 1.5 min)
+        if time_left() < 45:
+            result["truncated"] = f"out of time before max_seqs {b}: run --stages throughput alone"
+            break
+        out.append(timed_run(loaded, device, b, schema, docs[:max(16 if not small else 4, 2 * b)], opts,
                              engine_kv_budget_mb=1 << 16))
-    base_rate = out[0]["tok_s"]
+    if out and out[-1]["attention"] == "triton" and time_left() >= 45:
+        # the same largest batch on the torch attention: what the attention kernel earns
+        out.append(timed_run(loaded, device, out[-1]["max_seqs"], schema, docs[:max(16, 2 * out[-1]["max_seqs"])],
+                             opts, backend="torch", engine_kv_budget_mb=1 << 16))
+    base_rate = out[0]["tok_s"] if out else None
     for r in out:
         r["vs_1"] = round(r["tok_s"] / base_rate, 2) if base_rate else None
-    return {"model": loaded.name, "runs": out}
+    return result
 
 
 def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
@@ -464,15 +527,60 @@ def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
     n = 4 if small else 24
     sets = {"contact": ([r["text"] for r in contacts(n, seed=3)], "contact.json"),
             "receipt": ([r["text"] for r in receipts(n, seed=3)], "receipt.json")}
-    out = []
-    for set_name, (docs, schema_file) in sets.items():
-        schema = json.loads((ROOT / "schemas" / schema_file).read_text())
-        for strategy, k in (("none", 0), ("composite", 8)):
-            opts = RequestOptions(strategy=strategy, draft_len=k, max_tokens=32 if small else 96)
-            for b in ((1, 4) if small else (1, 24)):
+    out: list[dict] = []
+    result: dict[str, Any] = {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype), "runs": out}
+    for b in ((4, 1) if small else (24, 1)):  # batched first: the one at a time runs are the slow ones
+        for set_name, (docs, schema_file) in sets.items():
+            schema = json.loads((ROOT / "schemas" / schema_file).read_text())
+            for strategy, k in (("none", 0), ("composite", 8)):
+                if time_left() < 60:
+                    result["truncated"] = f"out of time before {set_name} {strategy} max_seqs {b}"
+                    return result
+                opts = RequestOptions(strategy=strategy, draft_len=k, max_tokens=32 if small else 96)
                 out.append({"set": set_name, "strategy": strategy, "k": k,
                             **timed_run(loaded, device, b, schema, docs, opts)})
-    return {"model": loaded.name, "dtype": str(next(loaded.model.parameters()).dtype), "runs": out}
+    return result
+
+
+def hf_peer_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
+    """The peer that needs no extra files: transformers' own generate on the same weights and
+    prompts, greedy and with prompt lookup (8 tokens), one receipt at a time. It is not
+    constrained: its tokens/s is the plain decoding a user could run instead, and the share of
+    its outputs that parse and match the schema is reported beside it."""
+    import jsonschema
+    import torch
+
+    from structspec.bench.receipts import receipts
+    from structspec.engine.model import load_model
+    from structspec.engine.prompt import build_prompt
+
+    loaded = load_model(str(gguf), device=device, dtype="auto")
+    tok, model = loaded.tokenizer, loaded.model
+    schema = json.loads((ROOT / "schemas" / "receipt.json").read_text())
+    docs = [r["text"] for r in receipts(4 if small else 24, seed=3)]
+    prompts = [torch.tensor([build_prompt(tok, schema, d, loaded.context_len)], device=loaded.device) for d in docs]
+    max_new = 32 if small else 96
+    out: list[dict] = []
+    result: dict[str, Any] = {"model": loaded.name, "dtype": str(next(model.parameters()).dtype), "runs": out}
+    for name, extra in (("greedy", {}), ("prompt lookup 8", {"prompt_lookup_num_tokens": 8})):
+        if time_left() < 45:
+            result["truncated"] = f"out of time before {name}"
+            break
+        gen = dict(max_new_tokens=max_new, do_sample=False, pad_token_id=tok.eos_token_id, **extra)
+        with torch.inference_mode():
+            model.generate(prompts[0], **gen)  # warm-up
+            tokens, valid = 0, 0
+            t = time.perf_counter()
+            for ids in prompts:
+                new = model.generate(ids, **gen)[0, ids.shape[1]:]
+                tokens += int(new.numel())
+                with contextlib.suppress(ValueError, jsonschema.ValidationError):
+                    jsonschema.validate(json.loads(tok.decode(new, skip_special_tokens=True)), schema)
+                    valid += 1
+            wall = time.perf_counter() - t
+        out.append({"peer": f"transformers {name}", "max_seqs": 1, "documents": len(prompts), "output_tokens": tokens,
+                    "wall_s": round(wall, 3), "tok_s": round(tokens / wall, 1), "schema_valid": valid})
+    return result
 
 
 def third_party_imports() -> dict[str, list[str]]:
@@ -489,7 +597,7 @@ def third_party_imports() -> dict[str, list[str]]:
             "missing": sorted(seen - bundled - image - {"structspec"})}
 
 
-STAGES = ("kernel-bench", "pass-cost", "throughput", "exactness", "kernels", "real-model")  # in the order run
+STAGES = ("kernel-bench", "pass-cost", "throughput", "exactness", "kernels", "real-model", "hf-peer")  # run order
 
 
 def check(device: str, out: Path, tokenizer: Path, gguf: Path | None, small: bool,
@@ -515,9 +623,10 @@ def check(device: str, out: Path, tokenizer: Path, gguf: Path | None, small: boo
            "throughput": lambda: throughput_stage(tok, timing, device, small),
            "exactness": lambda: exactness_stage(tok, configs, device, small),
            "kernels": lambda: run_kernel_tests(device, small),
-           "real-model": lambda: real_model_stage(gguf, device, small)}
+           "real-model": lambda: real_model_stage(gguf, device, small),
+           "hf-peer": lambda: hf_peer_stage(gguf, device, small)}
     for name in STAGES:
-        if (stages is None or name in stages) and (name != "real-model" or gguf is not None):
+        if (stages is None or name in stages) and (name not in LAST_CALL_STAGES or gguf is not None):
             report.stage(name, run[name])
     report.stage("imports", third_party_imports)
     return report
@@ -539,6 +648,8 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
             lines += [f"## {name} (skipped)", "", s["skipped"], ""]
             continue
         lines += [f"## {name} ({'ok' if s.get('ok') else 'FAILED'}, {s.get('seconds')} s)", ""]
+        if s.get("truncated"):
+            lines += [f"Truncated: {s['truncated']}.", ""]
         if not s.get("ok"):
             lines += ["```", s.get("error", ""), s.get("traceback", ""), "```", ""]
             continue
@@ -560,11 +671,17 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
             lines += _table(s["rows"], ["context", "sequences", "k", "rows", "ms", "vs_plain"]) + [""]
         elif name == "throughput":
             lines += [s["model"], ""] + _table(s["runs"], ["max_seqs", "attention", "documents", "output_tokens",
-                                                           "wall_s", "tok_s", "decode_tok_s", "vs_1"]) + [""]
+                                                           "wall_s", "tok_s", "step_ms", "forward_ms", "verify_ms",
+                                                           "host_ms", "peak_gib", "vs_1"]) + [""]
+        elif name == "hf-peer":
+            lines += [f"{s['model']}, {s['dtype']}, unconstrained", ""]
+            lines += _table(s["runs"], ["peer", "max_seqs", "documents", "output_tokens", "wall_s", "tok_s",
+                                        "schema_valid"]) + [""]
         elif name == "real-model":
             lines += [f"{s['model']}, {s['dtype']}", ""]
             lines += _table(s["runs"], ["set", "strategy", "k", "max_seqs", "documents", "output_tokens",
-                                        "tokens_per_pass", "wall_s", "tok_s"]) + [""]
+                                        "tokens_per_pass", "wall_s", "tok_s", "step_ms", "forward_ms", "verify_ms",
+                                        "host_ms"]) + [""]
     return "\n".join(lines)
 
 

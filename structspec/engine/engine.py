@@ -102,6 +102,9 @@ class Engine:
         self.cost = PassCostCurve(prior_fixed_s=settings.stats_prior_pass_ms / 1000.0,
                                   prior_row_s=settings.stats_prior_pass_ms / 1000.0 * 0.2)
         self.metrics = EngineMetrics()
+        # True: synchronise CUDA after each forward pass, so metrics.forward_s is the pass itself
+        # rather than its launch (costs the overlap; benchmarks that split a step set it)
+        self.sync_timing = False
         self.device = loaded.device
         words = (loaded.vocab_size + 31) // 32
         rows = self.scheduler.max_seqs * (MAX_DRAFT + 1)
@@ -257,6 +260,8 @@ class Engine:
         t1 = time.perf_counter()
         try:
             logits = self.runner.forward(packed.inputs)
+            if self.sync_timing:  # the forward pass's own time, not its launch (the GPU kit's step breakdown)
+                torch.cuda.synchronize(self.device)
             t2 = time.perf_counter()
             emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend) if decoding else []
             probs = emitted_probs(logits, bitmask, packed, emitted) if decoding and self.confidence else None

@@ -4,6 +4,7 @@ lent image and the bundle lack, and its timing stages run end to end on a CPU.""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -40,11 +41,37 @@ def test_the_model_parts_reassemble_byte_for_byte(tmp_path):
     assert b"".join(p.read_bytes() for p in sorted(parts)) == blob
 
 
-def test_the_last_call_assembles_the_parts_and_runs_the_check():
-    first, last = gpu.stage_command(".gpu", "model.gguf.part00", False), gpu.stage_command(".gpu", "x", True)
-    assert "pip install" in first and "--target /tmp/gpukit/site" in first and "structspec.bench.gpu" not in first
+def test_the_first_call_runs_the_random_weight_stages_and_the_last_the_real_model_ones():
+    first = gpu.stage_command(".gpu", "model.gguf.part00", first=True, last=False)
+    last = gpu.stage_command(".gpu", "model.gguf.part01", first=False, last=True, gguf_sha256="ab" * 32)
+    assert "pip install" in first and "--target /tmp/gpukit/site" in first
+    assert f"--stages {','.join(gpu.FIRST_CALL_STAGES)}" in first and "--gguf" not in first
+    assert "tee $OUT/check-1.log" in first
     assert "cat /tmp/gpukit/model/model.gguf.part* > /tmp/gpukit/model.gguf" in last
     assert "check --device cuda --tokenizer /tmp/gpukit/tokenizer --gguf /tmp/gpukit/model.gguf" in last
+    assert f"--stages {','.join(gpu.LAST_CALL_STAGES)}" in last and "pip install" not in last
+    assert set(gpu.FIRST_CALL_STAGES) | set(gpu.LAST_CALL_STAGES) == set(gpu.STAGES)
+
+
+def test_the_last_call_refuses_a_model_whose_first_part_is_gone(tmp_path):
+    """The machine went back between the calls: the last call finds its own part only, and exits
+    3 saying to start again, instead of running the check on a cut GGUF."""
+    blob = bytes(range(256)) * 64
+    src = tmp_path / "m.gguf"
+    src.write_bytes(blob)
+    bundle_dir = tmp_path / "bundle"
+    gpu.split_file(src, bundle_dir / "model", first=10_000, rest=10_000)
+    cmd = gpu.stage_command(str(bundle_dir), "model.gguf.part01", first=False, last=True,
+                            gguf_sha256=hashlib.sha256(blob).hexdigest())
+    cmd = cmd.replace("/tmp/gpukit", str(tmp_path / "staged"))
+    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, env={**os.environ, "OUT": str(tmp_path)})
+    assert proc.returncode == 3 and "start again from call 1" in proc.stdout
+    # with the first part staged too (the machine stayed warm), the check is reached
+    (tmp_path / "staged" / "model" / "model.gguf.part00").write_bytes((bundle_dir / "model" / "model.gguf.part00")
+                                                                      .read_bytes())
+    proc = subprocess.run(["bash", "-c", cmd.replace("python3 -m structspec.bench.gpu check", "echo reached")],
+                          capture_output=True, text=True, env={**os.environ, "OUT": str(tmp_path)})
+    assert proc.returncode == 0 and "reached" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_the_timing_stages_run_on_a_cpu_importing_only_what_the_lent_image_or_the_bundle_has(tokenizer, tmp_path):
