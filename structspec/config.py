@@ -44,6 +44,9 @@ class Settings:
     engine_kv_budget_mb: int = 0
     engine_prefill_chunk: int = 512  # prompt tokens computed per step, over all sequences
     engine_prefix_cache_mb: int = 256  # KV of shared prompt prefixes (instruction + schema), inside the budget
+    # on a CPU, the model's linear layers through oneDNN's prepacked weights (engine/packed.py):
+    # faster few-row passes, bf16 bit-identical, fp32 within its last bits; costs their size in memory
+    engine_packed_linear: bool = True
     # each result's confidence per value (engine/grounding.py): a masked softmax over the vocabulary
     # at every emitted token's row, which costs real time on a CPU (docs/benchmarks.md)
     engine_confidence: bool = True

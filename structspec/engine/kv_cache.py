@@ -267,7 +267,8 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     window = getattr(module, "sliding_window", None)
     gqa = query.shape[1] != key.shape[1]
     if isinstance(step, Discovery):
-        step.shapes[module.layer_idx] = LayerShape(key.shape[1], key.shape[-1], value.shape[-1], key.dtype)
+        step.shapes[module.layer_idx] = LayerShape(key.shape[1], key.shape[-1], value.shape[-1],
+                                                   storage_dtype(key.dtype, key.device))
         rows = query.shape[2]
         seg = Segment(slot=None, start=0, rows=rows, past=0)  # type: ignore[arg-type]
         mask = seg.mask(window, query.device)
@@ -283,17 +284,15 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
         out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), k_table, v_table,
                      seg_table, step.max_rows, scale=scaling, window=window)
         return out.unsqueeze(0), None
+    if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
+        return upcast_ragged_attention(step, layer, query, key, value, window, scaling), None
     out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
-    upcast = query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16)
     for seg in step.segments:
         k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
         end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
         k_buf[:, seg.past:end] = key[0, :, rows]
         v_buf[:, seg.past:end] = value[0, :, rows]
         mask = seg.mask(window, query.device)
-        if upcast and seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0):
-            out[:, :, rows] = upcast_attention(query[:, :, rows], k_buf[:, :end], v_buf[:, :end], mask, scaling)
-            continue
         causal = mask is None and seg.rows > 1
         out[:, :, rows] = F.scaled_dot_product_attention(
             query[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0),
@@ -301,29 +300,48 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     return out.transpose(1, 2), None
 
 
+def storage_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype a layer's KV is stored in: the model's, except bf16/fp16 on a CPU, stored in fp32
+    (upcast_ragged_attention: decode rows attend in fp32 there, and fp32 storage spares them a
+    conversion of every cached key and value on every pass)."""
+    return torch.float32 if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def upcast_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            window: int | None, scaling: float | None) -> torch.Tensor:
+    """ragged_attention's CPU path for bf16/fp16 models, whose slots hold fp32 (storage_dtype).
+    Decode and verification rows attend in fp32 straight over the slot (the query upcast once
+    for the whole step, the result rounded back once); a first prefill chunk attends over its
+    own rows in the model's dtype, and a long later chunk over its slot rounded down.
+    Returns [1, T, heads, Dv]."""
+    gqa = query.shape[1] != key.shape[1]
+    q32 = query.float()
+    out = torch.empty(query.shape[:-1] + (value.shape[-1],), dtype=torch.float32, device=query.device)
+    for seg in step.segments:
+        k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
+        end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
+        k_buf[:, seg.past:end] = key[0, :, rows]
+        v_buf[:, seg.past:end] = value[0, :, rows]
+        mask = seg.mask(window, query.device)
+        causal = mask is None and seg.rows > 1
+        if seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0):  # decode, verification: fp32
+            q, keys, values = q32[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0)
+        elif seg.past == 0:  # a first chunk attends to its own rows alone
+            q, keys, values = query[:, :, rows], key[:, :, rows], value[:, :, rows]
+        else:
+            q = query[:, :, rows]
+            keys = k_buf[:, :end].to(query.dtype).unsqueeze(0)
+            values = v_buf[:, :end].to(query.dtype).unsqueeze(0)
+        out[:, :, rows] = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                                         scale=scaling, enable_gqa=gqa)
+    return out.to(query.dtype).transpose(1, 2)
+
+
 # torch 2.13's CPU SDPA in bf16/fp16 costs ~4x its fp32 time on a decode row (one query, 512
 # keys: 497 against 121 us measured, docs/benchmarks.md), which made a bf16 decode pass slower
-# than an fp32 one. Decode and verification rows (a few per sequence, past the first chunk)
-# therefore attend in fp32 matmuls on the CPU and round the result back.
+# than an fp32 one. Decode and verification rows (up to this many per sequence, past the first
+# chunk) therefore attend in fp32 matmuls on the CPU (upcast_ragged_attention).
 UPCAST_MAX_ROWS = 32
-
-
-def upcast_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
-                     scaling: float | None) -> torch.Tensor:
-    """Attention of query [1, heads, R, D] over keys, values [kv_heads, L, D] in fp32, returned in
-    the query's dtype. mask [R, L] bool (True: may attend) or None (every key visible); query
-    head h reads kv head h // (heads / kv_heads), as transformers' repeat_kv lays them out."""
-    _, heads, r, d = query.shape
-    kv_heads, length, dv = keys.shape[0], keys.shape[1], values.shape[-1]
-    group = heads // kv_heads
-    scale = scaling if scaling is not None else d ** -0.5
-    q = query.reshape(kv_heads, group * r, d).float()
-    scores = torch.matmul(q, keys.float().transpose(-1, -2)).mul_(scale)  # [kv_heads, group * r, L]
-    if mask is not None:
-        scores = scores.view(kv_heads, group, r, length).masked_fill_(~mask, float("-inf")).view(kv_heads, group * r,
-                                                                                                length)
-    out = torch.matmul(scores.softmax(-1), values.float())  # [kv_heads, group * r, Dv]
-    return out.view(1, heads, r, dv).to(query.dtype)
 
 
 def register_attention() -> None:

@@ -157,21 +157,40 @@ def test_default_model_bf16_batched_matches_one_at_a_time(default_engine, monkey
     assert done_ref >= 0.5 * n and done_batched >= 0.5 * n
 
 
-@pytest.mark.parametrize("rows, past, window", [(1, 40, None), (5, 40, None), (5, 40, 16), (1, 40, 16)])
-def test_the_upcast_attention_of_bf16_decode_rows_is_sdpa_in_fp32(rows, past, window):
-    """kv_cache.upcast_attention (bf16/fp16 decode and verification rows on a CPU) against
-    torch's SDPA on the same fp32 inputs: grouped heads, causal and sliding-window masks."""
+@pytest.mark.parametrize("window", [None, 16])
+def test_bf16_rows_attend_over_fp32_slots_as_sdpa_does_in_fp32(window):
+    """kv_cache.upcast_ragged_attention (bf16/fp16 models on a CPU; their slots hold fp32) against
+    torch's SDPA in fp32 on the same keys, one step of every kind of segment: a decode row, a
+    5-row verification, a first prefill chunk (SDPA in bf16 over its own rows) and a 40-row
+    later chunk (over its slot rounded down); grouped heads, causal and sliding-window masks."""
     import torch.nn.functional as F
 
-    from structspec.engine.kv_cache import Segment, upcast_attention
+    from structspec.engine.kv_cache import (KVLayout, LayerShape, Segment, Slot, Step, storage_dtype,
+                                            upcast_ragged_attention)
 
-    gen = torch.Generator().manual_seed(rows * 100 + past)
-    length = past + rows
-    q = torch.randn(1, 9, rows, 64, generator=gen)
-    k, v = torch.randn(3, length, 64, generator=gen), torch.randn(3, length, 64, generator=gen)
-    mask = Segment(slot=None, start=0, rows=rows, past=past).mask(window, q.device)
-    assert (mask is None) == (rows == 1 and window is None)
-    ref = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=mask, enable_gqa=True, scale=0.1)
-    assert (upcast_attention(q, k, v, mask, 0.1) - ref).abs().max() < 1e-5
-    got = upcast_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.1)
-    assert got.dtype == torch.bfloat16 and (got.float() - ref).abs().max() < 0.05
+    assert storage_dtype(torch.bfloat16, torch.device("cpu")) == torch.float32
+    layout = KVLayout((LayerShape(3, 64, 64, storage_dtype(torch.bfloat16, torch.device("cpu"))),))
+    gen = torch.Generator().manual_seed(7)
+    shapes = [(1, 40), (5, 40), (6, 0), (40, 10)]  # (rows, past)
+    segments, start = [], 0
+    for rows, past in shapes:
+        slot = Slot(layout, past + rows, torch.device("cpu"))
+        slot.keys[0][:, :past] = torch.randn(3, past, 64, generator=gen)
+        slot.values[0][:, :past] = torch.randn(3, past, 64, generator=gen)
+        segments.append(Segment(slot, start, rows, past))
+        start += rows
+    q = torch.randn(1, 9, start, 64, generator=gen).bfloat16()
+    k, v = torch.randn(1, 3, start, 64, generator=gen).bfloat16(), torch.randn(1, 3, start, 64, generator=gen).bfloat16()
+    cached = [(seg.slot.keys[0][:, :seg.past].clone(), seg.slot.values[0][:, :seg.past].clone()) for seg in segments]
+    got = upcast_ragged_attention(Step(segments), 0, q, k, v, window, 0.1)
+    assert got.shape == (1, start, 9, 64) and got.dtype == torch.bfloat16
+    for seg, (ck, cv) in zip(segments, cached):
+        rows = slice(seg.start, seg.start + seg.rows)
+        keys = torch.cat([ck, k[0, :, rows].float()], dim=1)
+        values = torch.cat([cv, v[0, :, rows].float()], dim=1)
+        assert torch.equal(seg.slot.keys[0][:, :seg.past + seg.rows], keys)  # the new rows were written
+        mask = seg.mask(window, q.device)
+        ref = F.scaled_dot_product_attention(q[:, :, rows].float(), keys[None], values[None], attn_mask=mask,
+                                             is_causal=mask is None and seg.rows > 1, enable_gqa=True, scale=0.1)
+        err = (got[0, rows].float() - ref[0].transpose(0, 1)).abs().max()
+        assert err < 0.05, (seg.rows, seg.past, float(err))

@@ -1,0 +1,72 @@
+"""engine/packed.py: linear layers through oneDNN's prepacked weights on a CPU."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from structspec.engine.packed import PackedLinear, pack_linears
+
+
+def small_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(64, 48), nn.SiLU(), nn.Linear(48, 40, bias=False))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.bfloat16, 0.0), (torch.float32, 1e-5)])
+def test_packed_layers_compute_what_f_linear_computes(dtype, tol):
+    """bf16: bit-identical; fp32: within the last bits (oneDNN sums in another order)."""
+    model = small_model().to(dtype)
+    x = torch.randn(2, 7, 64).to(dtype)
+    with torch.inference_mode():
+        want = model(x)
+        assert pack_linears(model) == 2 and all(isinstance(m, PackedLinear) for m in (model[0], model[2]))
+        got = model(x)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert (got.float() - want.float()).abs().max() <= tol
+
+
+def test_the_packed_copy_follows_the_weight_through_copies_casts_and_in_place_changes():
+    model = small_model()
+    x = torch.randn(5, 64)
+    with torch.inference_mode():
+        pack_linears(model)
+        ref = model(x)
+        assert (copy.deepcopy(model)(x) - ref).abs().max() < 1e-5  # the opaque packed tensor is not copied
+        half = copy.deepcopy(model).to(torch.bfloat16)
+        out = half(x.bfloat16())
+        assert out.dtype == torch.bfloat16 and half[0].packed.dtype == torch.bfloat16
+        assert (out.float() - ref).abs().max() < 0.05
+        model[0].weight.mul_(2)  # in place: repacked on the next call
+        plain = nn.functional.linear(nn.functional.silu(nn.functional.linear(x, model[0].weight, model[0].bias)),
+                                     model[2].weight)
+        assert (model(x) - plain).abs().max() < 1e-5
+
+
+def test_a_model_off_the_cpu_or_in_fp16_is_left_alone():
+    model = small_model().to(torch.float16)
+    assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
+
+
+def test_the_engine_packs_the_model_and_its_bf16_outputs_are_those_of_the_plain_layers(tiny_normal_loaded):
+    """The engine packs by default (engine_packed_linear); in bf16 a packed run emits exactly the
+    tokens of an unpacked one, since every packed layer is bit-identical."""
+    from structspec.engine.engine import Engine, Request
+    from structspec.engine.model import from_model
+    from structspec.options import RequestOptions
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["name", "n"]}
+    docs = ["Ada Lovelace, 36", "Alan Turing, 41", "Grace Hopper, 85"]
+    opts = RequestOptions(strategy="composite", draft_len=4, max_tokens=40, verbatim=True)
+    outputs = []
+    for packed in (False, True):
+        model = copy.deepcopy(tiny_normal_loaded.model).to(torch.bfloat16)
+        loaded = from_model(model, tiny_normal_loaded.tokenizer, name="tiny bf16")
+        engine = Engine(loaded, engine_max_seqs=3, engine_packed_linear=packed, kernel_backend="torch")
+        assert (engine.packed_linears > 0) == packed
+        outputs.append([r.tokens for r in engine.run([Request(schema, d, opts) for d in docs])])
+    assert outputs[0] == outputs[1] and all(outputs[0])
