@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence bench-quality bench-bound bench-peer peer-vllm gpu-bundle gpu-check clean
+	bench-loopguard bench-confidence bench-quality bench-bound bench-peer peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
 install: $(STAMP)
 
@@ -131,6 +131,21 @@ GGUF ?=
 gpu-bundle: install
 	$(PY) -m structspec.bench.gpu bundle
 
+# gpu-rehearse, here: a bundle for this Python, run call by call as the device would run it
+# (--device cpu, the network cut, the staged files in /tmp/gpukit), in a venv with the lent
+# image's versions where this Python can have them (structspec/bench/gpu-rehearse-requirements.txt).
+REHEARSE_VENV := .venv-gpu-rehearse
+gpu-rehearse: install $(REHEARSE_VENV)/.installed
+	$(PY) -m structspec.bench.gpu bundle --out .gpu-rehearse --python-version $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+	HF_HUB_OFFLINE=1 $(REHEARSE_VENV)/bin/python -m structspec.bench.gpu rehearse --bundle .gpu-rehearse
+
+$(REHEARSE_VENV)/.installed: structspec/bench/gpu-rehearse-requirements.txt
+	$(PYTHON) -m venv $(REHEARSE_VENV)
+	$(REHEARSE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(REHEARSE_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(REHEARSE_VENV)/bin/python -m pip install --quiet -r structspec/bench/gpu-rehearse-requirements.txt
+	touch $@
+
 gpu-check:
 ifeq ($(DEVICE),cpu)
 	$(MAKE) install
@@ -141,4 +156,4 @@ else
 endif
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) bench-out .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(REHEARSE_VENV) .gpu .gpu-rehearse bench-out .pytest_cache

@@ -19,17 +19,34 @@ ROOT = Path(__file__).resolve().parents[3]
 MiB = gpu.MiB
 
 
-def test_every_planned_call_fits_and_the_first_carries_the_wheels():
-    calls = gpu.plan_calls(tree=2 * MiB, wheels=7 * MiB, model=94 * MiB)
-    assert sum(calls) == 94 * MiB
-    assert 2 * MiB + 7 * MiB + calls[0] <= gpu.CALL_LIMIT - 2 * MiB
-    assert all(2 * MiB + c <= gpu.CALL_LIMIT - 2 * MiB for c in calls[1:])
-    assert len(calls) == 2
+def test_every_planned_call_fits_its_limit_and_the_first_carries_the_wheels():
+    calls = gpu.plan_calls(tree=2 * MiB, wheels=21 * MiB, model=86 * MiB)
+    assert sum(calls) == 86 * MiB and len(calls) == 2
+    assert 2 * MiB + 21 * MiB + calls[0] <= 56 * MiB and 2 * MiB + calls[1] <= 60 * MiB
 
 
 def test_a_plan_with_no_room_says_why():
     with pytest.raises(ValueError, match="leave no room"):
         gpu.plan_calls(tree=30 * MiB, wheels=40 * MiB, model=10 * MiB)
+    with pytest.raises(ValueError, match="needs more than 2 calls"):
+        gpu.plan_calls(tree=2 * MiB, wheels=21 * MiB, model=94 * MiB)
+
+
+def test_the_real_bundle_sends_at_most_56_then_60_mib_and_its_model_reassembles(tmp_path):
+    """Issue 32's limits on the bundle as built here: the wheels at the versions installed, the
+    default tokenizer, the default model's GGUF compressed (cached: ~1 min the first time) in two
+    parts. The parts, concatenated and decompressed as the last call does, are the GGUF."""
+    import lzma
+
+    summary = gpu.bundle(tmp_path / "gpu", None)
+    assert gpu.over_plan(summary) == "" and len(summary["calls"]) == 2, summary["calls"]
+    assert summary["calls"][0]["bytes"] <= 56 * MiB and summary["calls"][1]["bytes"] <= 60 * MiB
+    parts = sorted((tmp_path / "gpu" / "model").glob("model.gguf.part*"))
+    blob = lzma.decompress(b"".join(p.read_bytes() for p in parts))
+    assert hashlib.sha256(blob).hexdigest() == summary["sha256"] and len(blob) == summary["model_bytes"]
+    plan = (tmp_path / "gpu" / "PLAN.md").read_text()
+    assert all(c["command"] in plan for c in summary["calls"])  # PLAN.md prints both calls exactly
+    assert "sha256sum -c" in summary["calls"][1]["command"]
 
 
 def test_the_model_parts_reassemble_byte_for_byte(tmp_path):
@@ -47,7 +64,7 @@ def test_the_first_call_runs_the_random_weight_stages_and_the_last_the_real_mode
     assert "pip install" in first and "--target /tmp/gpukit/site" in first
     assert f"--stages {','.join(gpu.FIRST_CALL_STAGES)}" in first and "--gguf" not in first
     assert "tee $OUT/check-1.log" in first
-    assert "cat /tmp/gpukit/model/model.gguf.part* > /tmp/gpukit/model.gguf" in last
+    assert "cat /tmp/gpukit/model/model.gguf.part* | python3 -c" in last and "> /tmp/gpukit/model.gguf" in last
     assert "check --device cuda --tokenizer /tmp/gpukit/tokenizer --gguf /tmp/gpukit/model.gguf" in last
     assert f"--stages {','.join(gpu.LAST_CALL_STAGES)}" in last and "pip install" not in last
     assert set(gpu.FIRST_CALL_STAGES) | set(gpu.LAST_CALL_STAGES) == set(gpu.STAGES)
@@ -56,11 +73,14 @@ def test_the_first_call_runs_the_random_weight_stages_and_the_last_the_real_mode
 def test_the_last_call_refuses_a_model_whose_first_part_is_gone(tmp_path):
     """The machine went back between the calls: the last call finds its own part only, and exits
     3 saying to start again, instead of running the check on a cut GGUF."""
-    blob = bytes(range(256)) * 64
-    src = tmp_path / "m.gguf"
-    src.write_bytes(blob)
+    import lzma
+
+    blob = bytes(range(256)) * 64 + b"".join(i.to_bytes(4, "little") for i in range(5000))
+    src = tmp_path / "m.gguf.xz"
+    src.write_bytes(lzma.compress(blob))
     bundle_dir = tmp_path / "bundle"
-    gpu.split_file(src, bundle_dir / "model", first=10_000, rest=10_000)
+    parts = gpu.split_file(src, bundle_dir / "model", first=src.stat().st_size // 2, rest=src.stat().st_size)
+    assert len(parts) == 2
     cmd = gpu.stage_command(str(bundle_dir), "model.gguf.part01", first=False, last=True,
                             gguf_sha256=hashlib.sha256(blob).hexdigest())
     cmd = cmd.replace("/tmp/gpukit", str(tmp_path / "staged"))
@@ -98,3 +118,22 @@ def test_the_timing_stages_run_on_a_cpu_importing_only_what_the_lent_image_or_th
 def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path):
     with pytest.raises(SystemExit, match="unknown stage.*pass-cost"):
         gpu.check("cpu", tmp_path, gpu.default_model_dir(), None, small=True, stages={"warp-drive"})
+
+
+def test_each_calls_stage_estimates_fit_inside_its_deadline_and_the_device_limit():
+    """The plan's arithmetic (docs/gpu.md, "Time"): the estimated H100 seconds of each call's
+    stages sum to under the 520 s deadline, itself under the device tool's 600 s per command
+    less a minute for staging the files."""
+    assert set(gpu.STAGE_ESTIMATE_S) == set(gpu.STAGES)
+    for stages in (gpu.FIRST_CALL_STAGES, gpu.LAST_CALL_STAGES):
+        assert sum(gpu.STAGE_ESTIMATE_S[s] for s in stages) <= gpu.DEADLINE_S <= 540, stages
+
+
+def test_a_stage_past_the_deadline_stops_its_loop_and_says_what_it_left(monkeypatch):
+    """Deadlines are checked inside the stages' loops (a stage killed mid-way by the device's
+    600 s limit would write nothing): with no time left, throughput runs no batch size."""
+    monkeypatch.setattr(gpu, "_deadline", 0.0)  # long past
+    assert gpu.time_left() < 0 and gpu.subprocess_timeout() == 30
+    monkeypatch.setattr(gpu, "random_model", lambda *a, **k: type("M", (), {"name": "stub"})())
+    result = gpu.throughput_stage(None, {}, "cpu", small=True)
+    assert result["runs"] == [] and "out of time before max_seqs 1" in result["truncated"]
