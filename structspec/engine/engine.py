@@ -30,7 +30,7 @@ from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_chat_prompt, build_prompt
 from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
-from structspec.engine.packed import pack_linears
+from structspec.engine.packed import pack_linears, unpack_linears
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
 from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
@@ -93,8 +93,11 @@ class Engine:
         self.grammars = GrammarCache(make_backend(settings.grammar_backend, loaded.tokenizer, loaded.vocab_size,
                                                   GrammarLimits.from_settings(settings)))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
-        # packed before the runner's probe, so that the probe checks the layers the engine runs
+        # packed (or unpacked: another engine may have packed this model) before the runner's
+        # probe, so that the probe checks the layers the engine runs
         self.packed_linears = pack_linears(loaded.model) if settings.engine_packed_linear else 0
+        if not settings.engine_packed_linear:
+            unpack_linears(loaded.model)
         self.runner = make_runner(loaded.model, settings.kernel_backend)
         self.kv = KVCache(self.runner.layout, kv_budget_bytes(settings.engine_kv_budget_mb, loaded.device),
                           self.runner.make_slot,

@@ -78,7 +78,8 @@ def can_pack(model: nn.Module) -> str | None:
 def pack_linears(model: nn.Module) -> int:
     """Swap every nn.Linear of `model` (on a CPU, fp32 or bf16) for a PackedLinear whose output
     was checked against F.linear on random rows; a layer that fails the check, or a model that
-    cannot be packed, keeps its own. Returns the number of layers packed."""
+    cannot be packed, keeps its own. Returns the number of packed layers the model now has
+    (those packed before included: an engine built on a model another engine packed)."""
     why = can_pack(model)
     if why is not None:
         log.info("linear layers not packed: %s", why)
@@ -105,4 +106,15 @@ def pack_linears(model: nn.Module) -> int:
             packed += 1
     if kept:
         log.warning("%d linear layer(s) kept unpacked: %s", len(kept), "; ".join(kept[:3]))
-    return packed
+    return sum(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def unpack_linears(model: nn.Module) -> None:
+    """Undo pack_linears: every PackedLinear back to an nn.Linear with the same weight and bias."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear):
+                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
+                                  device="meta")
+                plain.weight, plain.bias = child.weight, child.bias
+                setattr(parent, name, plain)

@@ -46,14 +46,30 @@ def test_the_packed_copy_follows_the_weight_through_copies_casts_and_in_place_ch
         assert (model(x) - plain).abs().max() < 1e-5
 
 
+def test_unpacking_restores_plain_layers_sharing_the_weights():
+    from structspec.engine.packed import unpack_linears
+
+    model = small_model()
+    weight = model[0].weight
+    x = torch.randn(4, 64)
+    with torch.inference_mode():
+        pack_linears(model)
+        packed_out = model(x)
+        unpack_linears(model)
+        assert type(model[0]) is nn.Linear and model[0].weight is weight and model[2].bias is None
+        assert (model(x) - packed_out).abs().max() < 1e-5
+        assert pack_linears(model) == 2 and pack_linears(model) == 2  # packing twice counts, does not nest
+
+
 def test_a_model_off_the_cpu_or_in_fp16_is_left_alone():
     model = small_model().to(torch.float16)
     assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
 
 
 def test_the_engine_packs_the_model_and_its_bf16_outputs_are_those_of_the_plain_layers(tiny_normal_loaded):
-    """The engine packs by default (engine_packed_linear); in bf16 a packed run emits exactly the
-    tokens of an unpacked one, since every packed layer is bit-identical."""
+    """The engine packs by default (engine_packed_linear), and unpacks a model another engine
+    packed when the setting is off; in bf16 a packed run emits exactly the tokens of an
+    unpacked one, since every packed layer is bit-identical."""
     from structspec.engine.engine import Engine, Request
     from structspec.engine.model import from_model
     from structspec.options import RequestOptions
@@ -68,5 +84,6 @@ def test_the_engine_packs_the_model_and_its_bf16_outputs_are_those_of_the_plain_
         loaded = from_model(model, tiny_normal_loaded.tokenizer, name="tiny bf16")
         engine = Engine(loaded, engine_max_seqs=3, engine_packed_linear=packed, kernel_backend="torch")
         assert (engine.packed_linears > 0) == packed
+        assert any(isinstance(m, PackedLinear) for m in model.modules()) == packed
         outputs.append([r.tokens for r in engine.run([Request(schema, d, opts) for d in docs])])
     assert outputs[0] == outputs[1] and all(outputs[0])
