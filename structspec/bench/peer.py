@@ -46,6 +46,7 @@ from structspec.options import RequestOptions
 
 DRIVER = Path(__file__).resolve().with_name("peer_vllm.py")
 VLLM_MODES = ("batched", "one", "ngram")
+STRUCTSPEC_MODES = ("batched auto", "batched none", "one auto")
 
 
 WARMUP = 8  # documents `auto` learns from before the timing (others than the timed ones)
@@ -93,7 +94,8 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan]]], rows: list[dic
         results = engine.run(requests)
         s = time.perf_counter() - t
         out[mode] = (s, sum(r.stats.output_tokens for r in results),
-                     [r.value if r.status == "succeeded" else None for r in results])
+                     [r.value if r.status == "succeeded" else None for r in results],
+                     [{"text": r.text, "tokens": r.stats.output_tokens, "status": r.status} for r in results])
         print(f"structspec {mode}: {s:.1f} s", file=sys.stderr, flush=True)
     return out
 
@@ -137,10 +139,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    p.add_argument("--modes", default=",".join(STRUCTSPEC_MODES),
+                   help="structspec's modes to run, comma-separated (default: all)")
     p.add_argument("--vllm-modes", default=",".join(VLLM_MODES))
     p.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's dtype (it runs bf16 by default)")
     p.add_argument("--out", type=Path, default=Path("bench-out/peer"))
     args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if unknown := [m for m in modes if m not in STRUCTSPEC_MODES]:
+        p.error(f"unknown --modes {', '.join(unknown)}; choose among {', '.join(STRUCTSPEC_MODES)}")
     if not Path(args.vllm_python).exists():
         p.error(f"{args.vllm_python} not found: `make peer-vllm` builds vLLM-CPU's virtual environment")
 
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     auto = picker.plans(len(rows), args.max_tokens)
     none = fixed_plans("none", len(rows), args.max_tokens)
     engines = {"batched auto": (batched, auto), "batched none": (batched, none), "one auto": (one, auto)}
+    engines = {mode: engines[mode] for mode in modes}
     batched.run([Request(warm[0]["schema"], warm[0]["text"], RequestOptions(strategy="none", max_tokens=16))])
     path, _ = model_dir(settings.model, settings.cache_dir)
     prompts = [build_prompt(loaded.tokenizer, r["schema"], r["text"], loaded.context_len) for r in rows]
@@ -180,17 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     after = run_structspec(engines, rows)
 
     n, report = len(rows), {"dataset": args.dataset, "documents": len(rows), "max_tokens": args.max_tokens,
-                            "threads": args.threads, "bound": bound, "auto_arms": [p.arm for p in auto],
+                            "threads": args.threads, "json_whitespace": settings.json_whitespace, "bound": bound, "auto_arms": [p.arm for p in auto],
                             "systems": {}}
     for mode in engines:
-        (s1, tok, _), (s2, _, values) = before[mode], after[mode]
-        report["systems"][f"structspec {mode}"] = summary([s1, s2], tok, n, grade(values, rows))
+        (s1, tok, *_), (s2, _, values, outputs) = before[mode], after[mode]
+        report["systems"][f"structspec {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
+                                                   "outputs": outputs}
     for mode, res in vllm.items():
         m = res["modes"][mode]
         values = [parse(o["text"]) for o in m["outputs"]]
         report["systems"][f"vllm {mode}"] = {**summary(m["seconds"], sum(o["tokens"] for o in m["outputs"]), n,
                                                        grade(values, rows)),
-                                             "load_and_warmup_s": m["load_and_warmup_s"], "version": res["vllm"]}
+                                             "load_and_warmup_s": m["load_and_warmup_s"], "version": res["vllm"],
+                                             "outputs": m["outputs"]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"peer-{Path(args.dataset).stem}.json").write_text(json.dumps(report, indent=1))
     print(table(report))
