@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from structspec.grammar.base import DEFAULT_WHITESPACE, WHITESPACE_MODES
 
 
 def _default_data_dir() -> Path:
@@ -28,6 +29,9 @@ class Settings:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (bf16 on CUDA and on CPUs with AMX/AVX512-BF16, checked at start; else fp32) | float32 | bfloat16 | float16
     grammar_backend: str = "llguidance"  # llguidance | outlines
+    # the JSON layout results may take between tokens (grammar/base.py): flexible (any whitespace,
+    # the model's own layout, as plain constrained decoding allows) | compact (none: structure forced)
+    json_whitespace: str = DEFAULT_WHITESPACE
     kernel_backend: str = "auto"  # auto | triton | torch
     data_dir: Path = field(default_factory=_default_data_dir)
     cache_dir: Path = field(default_factory=_default_cache_dir)
@@ -127,6 +131,9 @@ class Settings:
         for name in ("job_max_attempts", "job_lease_s"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"STRUCTSPEC_{name.upper()} must be at least 1, not {getattr(self, name)}")
+        if self.json_whitespace not in WHITESPACE_MODES:
+            raise SettingsError(f"STRUCTSPEC_JSON_WHITESPACE must be one of {', '.join(WHITESPACE_MODES)}, "
+                                f"not {self.json_whitespace!r}")
         if self.engine_kv_budget_mb < 0:
             raise SettingsError("STRUCTSPEC_ENGINE_KV_BUDGET_MB must be 0 (auto) or more, "
                                 f"not {self.engine_kv_budget_mb}")

@@ -104,6 +104,15 @@ def tiny_engine(tiny_loaded):
 
 
 @pytest.fixture(scope="session")
+def tiny_compact_engine(tiny_loaded):
+    """tiny_engine with compact JSON (no whitespace): random weights fill every allowed
+    whitespace gap, so tests that need finished results over many documents use this one."""
+    from structspec.engine.engine import Engine
+
+    return Engine(tiny_loaded, kernel_backend="torch", json_whitespace="compact")
+
+
+@pytest.fixture(scope="session")
 def default_engine():
     from structspec.config import Settings
     from structspec.engine.engine import Engine

@@ -91,7 +91,7 @@ class Engine:
         self.kernel_backend = settings.kernel_backend
         self.confidence = settings.engine_confidence
         self.grammars = GrammarCache(make_backend(settings.grammar_backend, loaded.tokenizer, loaded.vocab_size,
-                                                  GrammarLimits.from_settings(settings)))
+                                                  GrammarLimits.from_settings(settings), settings.json_whitespace))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
         # packed (or unpacked: another engine may have packed this model) before the runner's
         # probe, so that the probe checks the layers the engine runs

@@ -8,8 +8,8 @@ import threading
 from collections import OrderedDict
 from typing import Literal
 
-from structspec.grammar.base import (CompiledGrammar, GrammarBackend, Matcher, SchemaError,
-                                     SchemaProblem)
+from structspec.grammar.base import (DEFAULT_WHITESPACE, WHITESPACE_MODES, CompiledGrammar, GrammarBackend, Matcher,
+                                     SchemaError, SchemaProblem)
 from structspec.grammar.limits import GrammarLimits, SchemaLimitExceeded
 from structspec.grammar.normalize import close_objects
 from structspec.grammar.validation import check_meta_schema, validate_instance
@@ -17,7 +17,7 @@ from structspec.grammar.validation import check_meta_schema, validate_instance
 BackendName = Literal["llguidance", "outlines"]
 BACKENDS: tuple[str, ...] = ("llguidance", "outlines")
 
-__all__ = ["BackendName", "CompiledGrammar", "GrammarBackend", "GrammarCache", "GrammarLimits", "Matcher",
+__all__ = ["DEFAULT_WHITESPACE", "WHITESPACE_MODES", "BackendName", "CompiledGrammar", "GrammarBackend", "GrammarCache", "GrammarLimits", "Matcher",
            "SchemaError", "SchemaLimitExceeded", "SchemaProblem", "check_schema", "make_backend", "schema_hash", "validate_instance"]
 
 
@@ -41,13 +41,15 @@ def check_schema(schema: dict, limits: GrammarLimits | None = None) -> list[Sche
 
 
 def make_backend(name: str, hf_tokenizer, vocab_size: int | None = None,
-                 limits: GrammarLimits | None = None) -> GrammarBackend:
+                 limits: GrammarLimits | None = None, whitespace: str = DEFAULT_WHITESPACE) -> GrammarBackend:
+    """A backend compiling schemas for `hf_tokenizer`; `whitespace` is the JSON layout its
+    grammars allow (base.py: WHITESPACE_MODES)."""
     if name == "llguidance":
         from structspec.grammar.llguidance_backend import LLGuidanceBackend
-        return LLGuidanceBackend(hf_tokenizer, vocab_size, limits)
+        return LLGuidanceBackend(hf_tokenizer, vocab_size, limits, whitespace)
     if name == "outlines":
         from structspec.grammar.outlines_backend import OutlinesBackend
-        return OutlinesBackend(hf_tokenizer, vocab_size)
+        return OutlinesBackend(hf_tokenizer, vocab_size, whitespace)
     raise ValueError(f"unknown grammar backend {name!r}; choose one of {', '.join(BACKENDS)}")
 
 

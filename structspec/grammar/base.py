@@ -15,6 +15,26 @@ if TYPE_CHECKING:
     import torch
 
 
+# How a result's JSON may be laid out between its tokens (Settings.json_whitespace).
+#   flexible: any JSON whitespace, as plain constrained decoding allows it (vLLM's structured
+#     outputs, llguidance's and outlines' own defaults): the model writes its habitual layout,
+#     newlines and indentation, which small models extract markedly better in
+#     (docs/benchmarks.md). Each gap is capped at WHITESPACE_CAP characters so a model cannot
+#     spend its tokens on blank space.
+#   compact: none at all; the structure is forced byte for byte, so the schema proposer can
+#     draft all of it (faster, and the model's habit is overridden).
+WHITESPACE_MODES: tuple[str, ...] = ("flexible", "compact")
+DEFAULT_WHITESPACE = "flexible"
+WHITESPACE_CAP = 64
+WHITESPACE_GAP = "[ \\t\\n\\r]{0,%d}" % WHITESPACE_CAP  # the regex of one gap in flexible mode
+
+
+def check_whitespace(mode: str) -> str:
+    if mode not in WHITESPACE_MODES:
+        raise ValueError(f"unknown JSON whitespace mode {mode!r}; choose one of {', '.join(WHITESPACE_MODES)}")
+    return mode
+
+
 @dataclass(frozen=True)
 class SchemaProblem:
     """One reason a schema cannot be used, located by JSON pointer."""

@@ -13,14 +13,17 @@ from llguidance import LLMatcher
 if TYPE_CHECKING:
     import torch
 
-from structspec.grammar.base import SchemaError, SchemaProblem
+from structspec.grammar.base import (DEFAULT_WHITESPACE, WHITESPACE_GAP, SchemaError, SchemaProblem,
+                                     check_whitespace)
 from structspec.grammar.limits import GrammarLimits, SchemaLimitExceeded, limit_setting
 from structspec.grammar.regex import schema_patterns
 from structspec.grammar.validation import find_keyword, pointer
 
-# Compact JSON: no optional whitespace, so structure is forced byte for byte and the
-# schema proposer can draft all of it. Output is still plain JSON.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+# llguidance's JSON options for each whitespace mode (base.py: WHITESPACE_MODES).
+JSON_OPTIONS = {
+    "flexible": {"whitespace_flexible": True, "whitespace_pattern": WHITESPACE_GAP},
+    "compact": {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"},
+}
 
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \[(.*?)\]')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: ?([^\n]*)")
@@ -73,23 +76,25 @@ class LLGuidanceGrammar:
 class LLGuidanceBackend:
     name = "llguidance"
 
-    def __init__(self, hf_tokenizer, vocab_size: int | None = None, limits: GrammarLimits | None = None):
+    def __init__(self, hf_tokenizer, vocab_size: int | None = None, limits: GrammarLimits | None = None,
+                 whitespace: str = DEFAULT_WHITESPACE):
         import llguidance.hf  # imports transformers: kept off the API's schema-check path
 
         # ~0.5 s for a 49k vocab: build once per tokenizer.
         self.vocab_size = vocab_size or len(hf_tokenizer)
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size)
         self.limits = limits or GrammarLimits()
+        self.whitespace = check_whitespace(whitespace)
 
     def compile(self, schema: dict) -> LLGuidanceGrammar:
-        return LLGuidanceGrammar(self.tokenizer, prepare(schema, self.tokenizer, self.limits).grammar,
+        return LLGuidanceGrammar(self.tokenizer, prepare(schema, self.tokenizer, self.limits, self.whitespace).grammar,
                                  self.limits.llguidance())
 
     def compile_verbatim(self, schema: dict, document: str, default: bool) -> LLGuidanceGrammar:
         """`schema` with its verbatim strings limited to spans of `document` (verbatim.py)."""
         from structspec.grammar.verbatim import build_lark
 
-        prepared = prepare(schema, self.tokenizer, self.limits)  # the same format/oneOf handling
+        prepared = prepare(schema, self.tokenizer, self.limits, self.whitespace)  # the same format/oneOf handling
         lark = build_lark(prepared.schema, document, default, prepared.options)
         grammar = LLMatcher.grammar_from_lark(lark)
         limits = self.limits.llguidance()
@@ -113,7 +118,7 @@ class Prepared:
 
 
 def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None,
-            limits: GrammarLimits | None = None) -> Prepared:
+            limits: GrammarLimits | None = None, whitespace: str = DEFAULT_WHITESPACE) -> Prepared:
     """The llguidance grammar for `schema`; raises SchemaError. Needs no tokenizer to check.
     A grammar over `limits` (default: llguidance's) raises SchemaLimitExceeded naming the setting.
 
@@ -123,7 +128,7 @@ def prepare(schema: dict, tokenizer: llguidance.LLTokenizer | None = None,
         annotations, and so does jsonschema's validation;
       * a `oneOf` whose branches llguidance cannot prove disjoint is enforced as `anyOf`.
     """
-    options, warnings, current = dict(JSON_OPTIONS), [], schema
+    options, warnings, current = dict(JSON_OPTIONS[check_whitespace(whitespace)]), [], schema
     parser_limits = (limits or GrammarLimits()).llguidance()
     for _ in range(_MAX_REWRITES):
         grammar = LLMatcher.grammar_from_json_schema(json.dumps(current), overrides=options)

@@ -25,11 +25,11 @@ import torch
 from outlines_core import Index, Vocabulary
 from outlines_core import json_schema as oc_json_schema
 
-from structspec.grammar.base import SchemaError, SchemaProblem
+from structspec.grammar.base import DEFAULT_WHITESPACE, WHITESPACE_GAP, SchemaError, SchemaProblem, check_whitespace
 from structspec.grammar.validation import find_keyword, pointer
 
-# Compact JSON, like the llguidance backend: no optional whitespace anywhere.
-WHITESPACE_PATTERN = ""
+# The regex of one whitespace gap in each mode (base.py: WHITESPACE_MODES), as llguidance's.
+WHITESPACE_PATTERN = {"flexible": WHITESPACE_GAP, "compact": ""}
 
 # Index build time grows roughly x1.7 per unit of a string's minLength/maxLength
 # (0.12 s at 10, 5 s at 16, minutes beyond 20); refuse bounds above this.
@@ -352,7 +352,8 @@ class OutlinesGrammar:
 class OutlinesBackend:
     name = "outlines"
 
-    def __init__(self, hf_tokenizer, vocab_size: int | None = None):
+    def __init__(self, hf_tokenizer, vocab_size: int | None = None, whitespace: str = DEFAULT_WHITESPACE):
+        self.whitespace = check_whitespace(whitespace)
         self.vocab_size = vocab_size or len(hf_tokenizer)
         self.token_bytes, self.eos_token_id = token_bytes_table(hf_tokenizer, self.vocab_size)
         if not 0 <= self.eos_token_id < self.vocab_size:
@@ -370,7 +371,7 @@ class OutlinesBackend:
         if problems:
             raise SchemaError(problems)
         try:
-            regex = oc_json_schema.build_regex_from_schema(json.dumps(schema), WHITESPACE_PATTERN)
+            regex = oc_json_schema.build_regex_from_schema(json.dumps(schema), WHITESPACE_PATTERN[self.whitespace])
         except (ValueError, TypeError) as e:
             raise SchemaError(_problems_from_message(schema, str(e))) from None
         try:

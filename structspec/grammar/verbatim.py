@@ -30,7 +30,7 @@ import json
 import re
 from typing import Any
 
-from structspec.grammar.base import SchemaError, SchemaProblem
+from structspec.grammar.base import WHITESPACE_CAP, SchemaError, SchemaProblem
 from structspec.grammar.validation import pointer
 
 KEY = "x-structspec-verbatim"
@@ -117,6 +117,9 @@ class _LarkWriter:
         self.rules: list[str] = []
         self.count = 0
         self.json_options = json_options
+        # flexible whitespace (base.py): an optional gap around every structural token the
+        # rules spell out, as the embedded %json parts allow through their options
+        self.ws = "WS? " if json_options.get("whitespace_flexible") else ""
         self.defs = {k: schema[k] for k in ("$defs", "definitions") if k in schema}
 
     def new(self, prefix: str, body: str) -> str:
@@ -148,40 +151,44 @@ class _LarkWriter:
     def object(self, node: dict, on: bool) -> str:
         props = list(node["properties"].items())
         required = set(node.get("required") or [])
-        members = [(lark_literal(json.dumps(k, ensure_ascii=False) + ":") + " " + self.value(v, on), k in required)
+        ws = self.ws
+        members = [(lark_literal(json.dumps(k, ensure_ascii=False) + ":") + f" {ws}" + self.value(v, on), k in required)
                    for k, v in props]
         # first_i: members i.. when none has been written yet; rest_i: after one has (comma first).
         first, rest = "", ""
         for member, req in reversed(members):
-            new_rest = f'"," {member} {rest}'.strip()
+            new_rest = f'{ws}"," {ws}{member} {rest}'.strip()
             if not req:
                 new_rest = self.new("opt", f"({new_rest}) | ({rest})" if rest else f"({new_rest})?")
             new_first = f"{member} {rest}".strip()
             if not req:
                 new_first = self.new("opt", f"({new_first}) | ({first})" if first else f"({new_first})?")
             first, rest = new_first, new_rest
-        return self.new("obj", f'"{{" {first} "}}"' if first else '"{" "}"')
+        return self.new("obj", f'"{{" {ws}{first} {ws}"}}"' if first else f'"{{" {ws}"}}"')
 
     def array(self, node: dict, on: bool) -> str:
         item = self.value(node["items"], on)
+        ws = self.ws
         lo, hi = int(node.get("minItems", 0)), node.get("maxItems")
         if hi is not None and int(hi) == 0:
-            return self.new("arr", '"[" "]"')
+            return self.new("arr", f'"[" {ws}"]"')
         if hi is None and lo <= 1:
-            seq = f'{item} ("," {item})*'
+            seq = f'{item} ({ws}"," {ws}{item})*'
         else:
             more = f"{max(lo - 1, 0)},{int(hi) - 1 if hi is not None else ''}"
-            seq = f'{item} ("," {item}){{{more}}}'
-        return self.new("arr", f'"[" {seq} "]"' if lo >= 1 else f'"[" ({seq})? "]"')
+            seq = f'{item} ({ws}"," {ws}{item}){{{more}}}'
+        return self.new("arr", f'"[" {ws}{seq} {ws}"]"' if lo >= 1 else f'"[" {ws}({seq} {ws})? "]"')
 
 
 def build_lark(schema: dict, document: str, default: bool, json_options: dict) -> str:
     """A Lark grammar for `schema` (already normalised) whose verbatim strings are spans of
-    `document`. Compact JSON like the plain grammar: no optional whitespace."""
+    `document`, allowing the whitespace the plain grammar allows (`json_options`)."""
     writer = _LarkWriter(schema, json_options)
     root = writer.value(schema, default)
     chunks = document_chunks(document) or [""]
     lines = [f"start: {root}",
              'VERBATIM_STRING: "\\"" DOCUMENT_SPAN "\\""',
              "DOCUMENT_SPAN: %regex " + json.dumps({"substring_chunks": chunks}, ensure_ascii=False)]
+    if writer.ws:
+        lines.append(f"WS: /[ \\t\\n\\r]{{1,{WHITESPACE_CAP}}}/")
     return "\n".join(lines + writer.rules) + "\n"

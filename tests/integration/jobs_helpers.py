@@ -53,7 +53,7 @@ def worker_env(settings: Settings, model: str | None) -> dict[str, str]:
                STRUCTSPEC_ENGINE_MAX_SEQS=str(settings.engine_max_seqs),
                STRUCTSPEC_JOB_REPUBLISH_AFTER_S=str(settings.job_republish_after_s),
                STRUCTSPEC_LOG_FORMAT=settings.log_format, STRUCTSPEC_WEBHOOK_SECRET=settings.webhook_secret,
-               STRUCTSPEC_WEBHOOK_HOSTS=settings.webhook_hosts)
+               STRUCTSPEC_WEBHOOK_HOSTS=settings.webhook_hosts, STRUCTSPEC_JSON_WHITESPACE=settings.json_whitespace)
     if model is not None:
         env["STRUCTSPEC_MODEL"] = model
     return env

@@ -43,10 +43,13 @@ def deployment(tmp_path_factory):
     """(base URL, settings, model dir) of a server and a worker sharing the embedded stack."""
     data_dir = tmp_path_factory.mktemp("openai")
     model = str(build_tiny_model(tmp_path_factory.mktemp("tiny-llama")))
-    settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", model=model, job_lease_s=10)
+    # compact JSON: the random model would fill every whitespace gap of the flexible default
+    settings = Settings(data_dir=data_dir, cache_dir=data_dir / "cache", model=model, job_lease_s=10,
+                        json_whitespace="compact")
     worker = Worker(settings, model, data_dir / "worker.log").start()
     try:
-        with serve(data_dir, free_port(), data_dir / "server.log", model=model, chat_timeout_s="60") as base:
+        with serve(data_dir, free_port(), data_dir / "server.log", model=model, chat_timeout_s="60",
+                   json_whitespace="compact") as base:
             yield base, settings, model
     finally:
         worker.kill()
@@ -123,7 +126,8 @@ def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, depl
     assert any(st["proposed"] > 0 and st["accepted"] > 0 for st in stats), json.dumps(stats)
     (tmp_path / "person.json").write_text(json.dumps(PERSON))
     (tmp_path / "chat.json").write_text(json.dumps({"messages": MESSAGES}))
-    env = {**os.environ, "STRUCTSPEC_DATA_DIR": str(tmp_path / "cli"), "STRUCTSPEC_CACHE_DIR": str(settings.cache_dir)}
+    env = {**os.environ, "STRUCTSPEC_DATA_DIR": str(tmp_path / "cli"), "STRUCTSPEC_CACHE_DIR": str(settings.cache_dir),
+           "STRUCTSPEC_JSON_WHITESPACE": settings.json_whitespace}
     cli = subprocess.run([sys.executable, "-m", "structspec.cli", "extract", "--model", model, "--strategy", "none",
                           "--max-tokens", "64", "--schema", str(tmp_path / "person.json"), "--messages",
                           str(tmp_path / "chat.json")], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)

@@ -128,10 +128,10 @@ def test_the_engine_on_triton_attention_matches_none_one_at_a_time(tiny_normal_l
     near-tie (tests/unit/engine/test_batched.py's rule and EPS)."""
     from structspec.engine.engine import Engine, Request
     from tests.conftest import deepjsoneval_rows
-    from tests.unit.engine.test_batched import References, Tally, options
+    from tests.unit.engine.test_batched import WHITESPACE, References, Tally, options
     from structspec.bench.exactness import bounded
 
-    engine = Engine(tiny_normal_loaded, kernel_backend="triton", engine_max_seqs=3)
+    engine = Engine(tiny_normal_loaded, kernel_backend="triton", engine_max_seqs=3, json_whitespace=WHITESPACE)
     assert engine.runner.attention == "triton"
     references = References(tiny_normal_loaded)
     rows = deepjsoneval_rows(4)

@@ -76,12 +76,19 @@ def options(strategy="none", draft_len=8, max_tokens=160, verbatim=True, **kw) -
     return RequestOptions(strategy=strategy, draft_len=draft_len, max_tokens=max_tokens, verbatim=verbatim, **kw)
 
 
+# Compact JSON in these comparisons: they need most documents to finish within max_tokens, and
+# flexible whitespace (the default) lets random and 135M models spend tokens on layout. What is
+# compared, batched against one at a time, does not depend on the layout; the default mode is
+# covered by test_exactness.py and the API tests.
+WHITESPACE = "compact"
+
+
 class References:
     """`none`, one document at a time, traced; memoised (tests share references). With a
     LogitTap attached, the rows of references computed meanwhile are recorded."""
 
     def __init__(self, loaded):
-        self.engine = Engine(loaded, kernel_backend="torch", engine_max_seqs=1)
+        self.engine = Engine(loaded, kernel_backend="torch", engine_max_seqs=1, json_whitespace=WHITESPACE)
         self.tap: LogitTap | None = None
         self._memo: dict[tuple, object] = {}
 
@@ -101,7 +108,7 @@ def references(tiny_normal_loaded):
 
 
 def batched_engine(loaded, **settings) -> Engine:
-    return Engine(loaded, kernel_backend="torch", **settings)
+    return Engine(loaded, kernel_backend="torch", json_whitespace=WHITESPACE, **settings)
 
 
 class LogitTap:

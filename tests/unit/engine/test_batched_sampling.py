@@ -33,6 +33,9 @@ RUN = 250  # sampled requests per engine.run
 MIN_EXPECTED = 5  # chi-square cells with fewer expected samples are merged
 ALPHA = 1e-3
 EOS = "<eos>"
+# compact JSON: the exact target walks every output the grammar allows, which whitespace gaps
+# would make astronomically many
+WHITESPACE = "compact"
 
 
 def exact_distribution(loaded, grammar, prompt: list[int], temperature: float) -> dict[tuple, float]:
@@ -116,7 +119,7 @@ def requests_for(strategy: str, count: int, draft_len: int, seed0: int) -> list[
 def draw(loaded, greedy_tokens: list[int], seed0: int, fraction: float = 1.0) -> dict[str, list]:
     """N * fraction sampled results by group, through one batched engine in runs of RUN
     requests, each run with greedy requests mixed in (whose outputs must equal `greedy_tokens`)."""
-    engine = Engine(loaded, kernel_backend="torch", engine_max_seqs=64)
+    engine = Engine(loaded, kernel_backend="torch", engine_max_seqs=64, json_whitespace=WHITESPACE)
     tagged = []
     for g, (strategy, (count, draft_len)) in enumerate(GROUPS.items()):
         tagged += [(strategy, r) for r in requests_for(strategy, round(count * fraction), draft_len,
@@ -140,8 +143,9 @@ def draw(loaded, greedy_tokens: list[int], seed0: int, fraction: float = 1.0) ->
 
 
 @pytest.fixture(scope="module")
-def grammar(tiny_engine):
-    return tiny_engine.grammars.get_for(SCHEMA, TEXT, False)
+def grammar(tiny_compact_engine):
+    assert tiny_compact_engine.settings.json_whitespace == WHITESPACE
+    return tiny_compact_engine.grammars.get_for(SCHEMA, TEXT, False)
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +156,7 @@ def target(tiny_loaded, grammar):
 
 @pytest.fixture(scope="module")
 def greedy_tokens(tiny_loaded):
-    serial = Engine(tiny_loaded, kernel_backend="torch", engine_max_seqs=1)
+    serial = Engine(tiny_loaded, kernel_backend="torch", engine_max_seqs=1, json_whitespace=WHITESPACE)
     return serial.extract(SCHEMA, TEXT, RequestOptions(strategy="none", max_tokens=32)).tokens
 
 

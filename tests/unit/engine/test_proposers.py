@@ -18,10 +18,11 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "kind": {
 @pytest.fixture(scope="module")
 def ctx_for(tokenizer):
     tt = token_text(tokenizer, len(tokenizer))
-    cache = GrammarCache(make_backend("llguidance", tokenizer))
+    caches = {ws: GrammarCache(make_backend("llguidance", tokenizer, whitespace=ws)) for ws in ("compact", "flexible")}
 
-    def build(prefix: str, document: str = "Contact: Elena Rodriguez, alpha team.", schema=SCHEMA):
-        matcher = cache.get(schema).matcher()
+    def build(prefix: str, document: str = "Contact: Elena Rodriguez, alpha team.", schema=SCHEMA,
+              whitespace: str = "compact"):
+        matcher = caches[whitespace].get(schema).matcher()
         ids = tt.encode(prefix)
         assert matcher.consume(ids), prefix
         return DraftContext(matcher=matcher, output_text=prefix, document=DocumentIndex(document), tokens=tt)
@@ -35,6 +36,15 @@ def draft_text(ctx, strategy, k=16):
 def test_schema_proposer_drafts_forced_structure(ctx_for):
     assert draft_text(ctx_for(""), "schema") == '{"name":"'
     assert draft_text(ctx_for('{"name":"Bob"'), "schema") == ',"kind":"'
+
+
+def test_schema_proposer_stops_at_each_whitespace_gap_in_flexible_mode(ctx_for):
+    # a gap may follow "{", each key, colon and comma, so only the bytes up to it are forced,
+    # and inside a gap (more whitespace may come) nothing is
+    assert draft_text(ctx_for("", whitespace="flexible"), "schema") == "{"
+    assert draft_text(ctx_for('{\n  "name": "Bob",\n  ', whitespace="flexible"), "schema") == ""
+    assert draft_text(ctx_for('{\n  "name": "Bob",\n  "k', whitespace="flexible"), "schema") == 'ind"'
+    assert draft_text(ctx_for('{"name":"Bob","kind":"a', whitespace="flexible"), "schema") == 'lpha"'
 
 
 def test_schema_proposer_completes_enum_after_unique_prefix(ctx_for):
