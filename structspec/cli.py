@@ -29,15 +29,23 @@ def read_json_file(path: str, what: str):
         raise CliError(f"{what} {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
 
 
-def read_document(path: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
+def read_source(path: str):
+    """The document in file `path` ('-': stdin) as structspec.ingest reads it: text, or a PDF's
+    text layer with each character's page and box."""
+    from structspec.ingest import IngestError, ingest
+
     try:
-        return Path(path).read_text(encoding="utf-8")
+        data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
         raise CliError(f"cannot read document {path}: {e.strerror}") from None
-    except UnicodeDecodeError:
-        raise CliError(f"document {path} is not UTF-8 text") from None
+    try:
+        return ingest(data, name=None if path == "-" else path)
+    except IngestError as e:
+        raise CliError(f"document {path}: {e}") from None
+
+
+def read_document(path: str) -> str:
+    return read_source(path).text
 
 
 def settings_from(args) -> Settings:
@@ -110,7 +118,9 @@ def cmd_extract(args) -> int:
     for w in warnings:
         print(f"structspec: warning: schema {args.schema}: {SchemaError([w])} (results are still validated)",
               file=sys.stderr)
-    documents = [read_messages(p) if args.messages else (p, read_document(p), None) for p in args.documents]
+    documents = [read_messages(p) if args.messages else (p, read_source(p), None) for p in args.documents]
+    if args.overlay is not None and not args.spans:
+        raise CliError("--overlay draws the boxes of --spans: give both")
     settings = settings_from(args)
     try:
         opts = RequestOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
@@ -122,7 +132,8 @@ def cmd_extract(args) -> int:
     verbatim = uses_verbatim(schema, opts.verbatim)  # verbatim runs learn from verbatim runs only
     engine = build_engine(settings)
     progress = args.progress if args.progress is not None else len(documents) > 1 and sys.stderr.isatty()
-    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans, progress)
+    return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans, progress,
+                         args.overlay)
 
 
 def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
@@ -135,12 +146,15 @@ def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
         messages = chat_messages(raw.get("messages") if isinstance(raw, dict) else raw)
     except MessagesError as e:
         raise CliError(f"messages file {path}: {e}") from None
-    return path, messages_text(messages), messages
+    from structspec.ingest import Document
+
+    return path, Document(messages_text(messages), "text/plain"), messages
 
 
-def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | None]], opts, local, verbatim: bool,
-                  show_stats: bool, show_spans: bool = False, progress: bool = False) -> int:
-    """Decode `documents` (path, text, chat messages or None) together, keeping the engine full:
+def run_documents(engine, schema: dict, documents: list[tuple[str, object, list | None]], opts, local, verbatim: bool,
+                  show_stats: bool, show_spans: bool = False, progress: bool = False,
+                  overlay: Path | None = None) -> int:
+    """Decode `documents` (path, ingest.Document, chat messages or None) together, keeping the engine full:
     each document is submitted when a place frees up, so with `auto` its (strategy, k) is drawn
     from statistics that include the documents finished before it. Results are printed in input
     order as they become available; `progress`: a bar on stderr counts finished documents."""
@@ -155,10 +169,10 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, str, list | N
                                      "max_seqs": engine.scheduler.max_seqs,
                                      "packed_linears": engine.packed_linears}}), file=sys.stderr, flush=True)
     with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:
-        return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar)
+        return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay)
 
 
-def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar) -> int:
+def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay) -> int:
     from tqdm import tqdm
 
     from structspec.engine.engine import Request
@@ -169,14 +183,14 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
     printed = failed = 0
     while pending or engine.has_work():
         while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
-            i, (path, text, messages) = pending.popleft()
+            i, (path, doc, messages) = pending.popleft()
             run, why = opts, None
             if local is not None:
                 choice, why = local.choose(opts.draft_len, verbatim)
                 run = opts.replace(strategy=choice.strategy, draft_len=choice.draft_len)
             acceptance = (local.acceptance(run.strategy, run.draft_len, verbatim)
                           if local is not None and run.strategy != "none" and run.draft_len else None)
-            request = Request(schema, text, run, acceptance=acceptance, messages=messages)
+            request = Request(schema, doc.text, run, acceptance=acceptance, messages=messages)
             try:
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
@@ -192,19 +206,29 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
             bar.update(1)
         while printed in ready:
             with tqdm.external_write_mode(file=sys.stderr):  # the bar steps aside for stderr lines
-                failed += not print_result(*ready.pop(printed), show_stats, show_spans)
+                path, res, why = ready.pop(printed)
+                failed += not print_result(path, res, why, show_stats, show_spans, documents[printed][1], overlay)
             printed += 1
     return 1 if failed else 0
 
 
-def print_result(path: str, res, why: str | None, show_stats: bool, show_spans: bool = False) -> bool:
+def print_result(path: str, res, why: str | None, show_stats: bool, show_spans: bool = False, doc=None,
+                 overlay: Path | None = None) -> bool:
     """A result on stdout (or why not, on stderr); True when it succeeded. `show_spans`: the
-    line is {"result", "spans", "confidence"}."""
+    line is {"result", "spans", "confidence"}, and "boxes" (each span's page and box) when the
+    document has pages; `overlay`: those boxes drawn on the pages, PNGs in that directory."""
     if isinstance(res, Exception):
         print(f"structspec: {path}: {res}", file=sys.stderr)
         return False
     if res.status == "succeeded":
         out = {"result": res.value, "spans": res.spans, "confidence": res.confidence} if show_spans else res.value
+        if show_spans and doc is not None and doc.has_layout:
+            out["boxes"] = doc.locate_spans(res.spans)
+            if overlay is not None:
+                from structspec.ingest.overlay import draw_boxes
+
+                for png in draw_boxes(doc, out["boxes"], overlay, Path(path).stem):
+                    print(f"structspec: {path}: overlay {png}", file=sys.stderr)
         print(json.dumps(out, ensure_ascii=False), flush=True)
     else:
         print(f"structspec: {path}: {res.status}: {res.error}", file=sys.stderr)
@@ -513,11 +537,16 @@ def add_extract_command(sub, defaults: Settings) -> None:
                                    "a complete, schema-valid value go to stderr and make the exit status 1). "
                                    "With --stats, a JSON line on the engine (model, dtype and why), then one of decoding statistics per document, go to stderr.")
     p.add_argument("--schema", required=True, help="JSON Schema file")
-    p.add_argument("documents", nargs="+", metavar="DOC", help="text files ('-' for stdin)")
+    p.add_argument("documents", nargs="+", metavar="DOC",
+                   help="text files or PDFs with a text layer, told apart by their first bytes ('-' for stdin)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics per document to stderr")
     p.add_argument("--spans", action="store_true",
                    help='print {"result", "spans", "confidence"} per document: where each string of the result '
-                        "occurs in the document, and the model's token probabilities per value (by JSON Pointer)")
+                        "occurs in the document, and the model's token probabilities per value (by JSON Pointer); "
+                        'for a PDF also "boxes": each span\'s page and box ([x0, y0, x1, y1] in points from the '
+                        "page's top-left corner, one box per line the value covers)")
+    p.add_argument("--overlay", type=Path, metavar="DIR",
+                   help="with --spans: draw each PDF's boxes on its pages, one PNG per page in DIR")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar of finished documents on stderr (default: on when stderr is a terminal "
                         "and there are several documents)")

@@ -249,3 +249,37 @@ def test_extract_progress_counts_every_document_and_keeps_stdout_clean(capsys, m
     assert [json.loads(line) for line in out.splitlines()] and "extract" not in out
     assert main(args) == 0  # stderr is not a terminal here: no bar by default
     assert "3/3" not in capsys.readouterr().err
+
+
+def test_a_pdf_and_its_text_give_the_same_result_and_the_pdf_gets_boxes(capsys, monkeypatch, tmp_path,
+                                                                        tiny_compact_engine):
+    from pathlib import Path
+
+    import structspec.cli as cli
+    from structspec.ingest import ingest
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_compact_engine)
+    pdf = Path(__file__).resolve().parents[1] / "fixtures" / "invoices" / "AzureInterior.pdf"
+    text = tmp_path / "azure.txt"
+    text.write_text(ingest(pdf.read_bytes()).text, encoding="utf-8")
+    schema = tmp_path / "who.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"who": {"type": "string", "maxLength": 40}},
+                                  "required": ["who"]}))
+    common = ["extract", "--schema", str(schema), "--verbatim", "--strategy", "none", "--spans", "--max-tokens", "48"]
+    assert main([*common, str(pdf), "--overlay", str(tmp_path / "overlay")]) == 0
+    from_pdf = json.loads(capsys.readouterr().out)
+    assert main([*common, str(text)]) == 0
+    from_text = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in from_pdf.items() if k != "boxes"} == from_text and "boxes" not in from_text
+    [where] = from_pdf["boxes"]["/who"]  # the value is a span of one line
+    assert where["page"] == 1 and len(where["box"]) == 4
+    assert (tmp_path / "overlay" / "AzureInterior-page1.png").stat().st_size > 10_000
+
+
+def test_an_unreadable_pdf_is_a_clear_error_before_the_model_loads(capsys, tmp_path):
+    bad = tmp_path / "scan.pdf"
+    bad.write_bytes(b"%PDF-1.7\n% truncated")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object"}))
+    code, err = run_cli(capsys, "extract", "--schema", str(schema), str(bad))
+    assert code == 2 and f"document {bad}: the PDF cannot be read" in err and "loading model" not in err

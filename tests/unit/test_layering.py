@@ -5,7 +5,9 @@
 - the services import none of the application layer above them;
 - the worker and the HTTP API sit side by side: the worker imports no part of the API or the CLI
   (what both need, such as a batch's view, lives in structspec/services);
-- the grammar library does not import the engine, and the statistics are pure: no database."""
+- the grammar library does not import the engine, and the statistics are pure: no database;
+- ingestion (bytes to text with page boxes) sits beside them and needs none of them, and the
+  engine and the grammar see text only: they never import it."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ APPLICATION = ("structspec.api", "structspec.cli", "structspec.client", "structs
 BELOW_SERVICES = APPLICATION + ("structspec.services",)
 FORBIDDEN = {
     "structspec/services": APPLICATION,
-    "structspec/engine": BELOW_SERVICES,
-    "structspec/grammar": BELOW_SERVICES + ("structspec.engine",),
+    "structspec/engine": BELOW_SERVICES + ("structspec.ingest",),
+    "structspec/grammar": BELOW_SERVICES + ("structspec.engine", "structspec.ingest"),
+    "structspec/ingest": BELOW_SERVICES + ("structspec.engine", "structspec.grammar", "structspec.db",
+                                           "structspec.stats"),
     "structspec/stats": BELOW_SERVICES + ("structspec.db", "sqlalchemy"),
     "structspec/db": BELOW_SERVICES,
     "worker": ("structspec.api", "structspec.cli"),

@@ -1,0 +1,77 @@
+"""A document as the engine sees it (text), with where each character sits on its page.
+
+Ingestion turns bytes into a Document: `text` is what the model reads and what spans index;
+`chars` maps each character of `text` to its page and box, or to nothing for the spaces and
+line breaks ingestion put between lines and pages. Boxes are [x0, y0, x1, y1] in the page's
+own units (PDF points, 1/72 inch) measured from the page's top-left corner, y downwards, as
+image pixels are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+Box = tuple[float, float, float, float]
+
+
+class IngestError(ValueError):
+    """A document that cannot be read: `status` is the HTTP status that names the kind of
+    problem (413 too large, 415 unsupported media type, 422 unreadable content)."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Page:
+    number: int  # 1-based
+    width: float
+    height: float
+    unit: str = "pt"  # "pt" (PDF points) or "px" (image pixels)
+
+
+@dataclass(frozen=True)
+class CharPlace:
+    page: int  # 1-based page number
+    line: int  # the line's index in the document: a value wrapping lines gets one box per line
+    box: Box
+
+
+@dataclass
+class Document:
+    text: str
+    media_type: str
+    pages: list[Page] = field(default_factory=list)
+    chars: list[CharPlace | None] = field(default_factory=list)  # one per character of `text`, or empty
+    source: bytes = field(default=b"", repr=False)  # the bytes it was read from, where it has pages
+
+    @property
+    def has_layout(self) -> bool:
+        return bool(self.chars)
+
+    def locate(self, start: int, end: int) -> list[dict]:
+        """Where text[start:end] sits: one {"page", "box"} per line it covers (the union of its
+        characters' boxes on that line), in text order; empty for plain text."""
+        if not self.chars:
+            return []
+        groups: dict[tuple[int, int], list[float]] = {}
+        for place in self.chars[max(start, 0):min(end, len(self.chars))]:
+            if place is None:
+                continue
+            key = (place.page, place.line)
+            x0, y0, x1, y1 = place.box
+            if key not in groups:
+                groups[key] = [x0, y0, x1, y1]
+            else:
+                g = groups[key]
+                g[0], g[1], g[2], g[3] = min(g[0], x0), min(g[1], y0), max(g[2], x1), max(g[3], y1)
+        return [{"page": page, "box": [round(v, 2) for v in box]} for (page, _), box in groups.items()]
+
+    def locate_spans(self, spans: dict[str, list[int] | None] | None) -> dict[str, list[dict]]:
+        """locate() for each span of a result ({pointer: [start, end], or None where the value
+        was not found in the text}); pointers without a span or a box are left out."""
+        if not spans or not self.chars:
+            return {}
+        located = {pointer: self.locate(*span) for pointer, span in spans.items() if span is not None}
+        return {pointer: places for pointer, places in located.items() if places}

@@ -1,0 +1,129 @@
+"""PDFs with a text layer: the text of each page in reading order, and each character's box.
+
+pypdfium2 (Google's PDFium, the engine of Chrome's PDF viewer, as one wheel with no other
+dependency) reads the text layer with a box per character in ~5 ms a page here; pdfplumber
+(pdfminer.six, pure Python) gives the same boxes about two orders of magnitude slower.
+
+PDFium returns the characters in content-stream order, which is the order a program drew
+them in, not always the order a person reads them (one invoice here draws its footnotes
+first). Lines are therefore put in reading order: top to bottom, and lines that share a row
+(a label and its value, table cells) joined left to right with a space between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from structspec.ingest.document import CharPlace, Document, IngestError, Page
+
+MEDIA_TYPE = "application/pdf"
+
+
+@dataclass
+class _Line:
+    chars: list[tuple[str, tuple[float, float, float, float] | None]]  # (character, top-left box)
+    x0: float
+    y0: float
+    y1: float
+
+
+def read_pdf(data: bytes, max_pages: int) -> Document:
+    import pypdfium2 as pdfium
+
+    try:
+        pdf = pdfium.PdfDocument(data)
+    except pdfium.PdfiumError as e:
+        if "password" in str(e).lower():
+            raise IngestError(422, "the PDF is encrypted (it needs a password); send it decrypted") from None
+        raise IngestError(422, f"the PDF cannot be read: {str(e).rstrip('.')} (corrupt or not a PDF)") from None
+    try:
+        if len(pdf) == 0:
+            raise IngestError(422, "the PDF has no pages")
+        if len(pdf) > max_pages:
+            raise IngestError(413, f"the PDF has {len(pdf)} pages; the limit is {max_pages} pages")
+        doc = Document(text="", media_type=MEDIA_TYPE, source=data)
+        parts: list[str] = []
+        places: list[CharPlace | None] = []
+        line_no = 0
+        for index in range(len(pdf)):
+            page = pdf[index]
+            width, height = page.get_size()
+            doc.pages.append(Page(index + 1, width, height))
+            if parts:  # a blank line between pages
+                parts.append("\n\n")
+                places += [None, None]
+            rows = _rows(_lines(page, height))
+            for r, row in enumerate(rows):
+                if r:
+                    parts.append("\n")
+                    places.append(None)
+                for j, line in enumerate(row):
+                    if j:
+                        parts.append(" ")
+                        places.append(None)
+                    for ch, box in line.chars:
+                        parts.append(ch)
+                        places.append(CharPlace(index + 1, line_no, box) if box is not None else None)
+                line_no += 1
+        doc.text = "".join(parts)
+        doc.chars = places
+    finally:
+        pdf.close()
+    if not doc.text.strip():
+        raise IngestError(422, "the PDF has no text layer (a scanned document): OCR is not available "
+                               "in this version; send the document's text")
+    return doc
+
+
+def _lines(page, height: float) -> list[_Line]:
+    """The page's lines as PDFium splits them (at its generated line breaks)."""
+    import pypdfium2.raw as raw
+
+    textpage = page.get_textpage()
+    try:
+        lines: list[_Line] = []
+        current: list[tuple[str, tuple[float, float, float, float] | None]] = []
+        for i in range(textpage.count_chars()):
+            code = raw.FPDFText_GetUnicode(textpage.raw, i)
+            ch = chr(code) if code else ""
+            if ch in ("\r", "\n"):
+                _close(current, lines)
+                current = []
+                continue
+            if not ch or (ord(ch) < 32 and ch != "\t") or ch in ("\ufffe", "\uffff"):
+                continue  # control characters PDFium reports for hyphens and unmapped glyphs
+            left, bottom, right, top = textpage.get_charbox(i)
+            generated = raw.FPDFText_IsGenerated(textpage.raw, i) == 1
+            box = None if generated or right <= left else (left, height - top, right, height - bottom)
+            current.append((" " if ch == "\t" else ch, box))
+        _close(current, lines)
+        return lines
+    finally:
+        textpage.close()
+
+
+def _close(chars, lines: list[_Line]) -> None:
+    while chars and chars[-1][0] == " ":
+        chars.pop()
+    while chars and chars[0][0] == " ":
+        chars.pop(0)
+    boxes = [b for _, b in chars if b is not None]
+    if boxes:
+        lines.append(_Line(chars, min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[3] for b in boxes)))
+
+
+def _rows(lines: list[_Line]) -> list[list[_Line]]:
+    """Lines grouped into rows (their vertical middles within half the smaller height of each
+    other), top to bottom, each row left to right."""
+    rows: list[list[_Line]] = []
+    for line in sorted(lines, key=lambda ln: ((ln.y0 + ln.y1) / 2, ln.x0)):
+        mid, h = (line.y0 + line.y1) / 2, line.y1 - line.y0
+        if rows:
+            last = rows[-1]
+            last_mid = sum((ln.y0 + ln.y1) / 2 for ln in last) / len(last)
+            last_h = min(ln.y1 - ln.y0 for ln in last)
+            if abs(mid - last_mid) <= max(min(h, last_h), 1.0) / 2:
+                last.append(line)
+                continue
+        rows.append([line])
+    return [sorted(row, key=lambda ln: ln.x0) for row in rows]
