@@ -47,7 +47,7 @@ class ExtractionController(Controller):
                       "and answers 200 with the finished job, or 202 if it is not finished by then. "
                       "A client that disconnects while waiting leaves the job running.",
           responses={200: ResponseSpec(data_container=JobRead, description="finished within `wait`",
-                                       generate_examples=False), **_errors(400, 404, 413, 422, 503)})
+                                       generate_examples=False), **_errors(400, 404, 413, 415, 422, 503)})
     async def submit(self, request: Request, state: State, data: JSONBody[ExtractionCreate], jobs: Jobs,
                      idempotency_key: IdempotencyKey = None,
                      # schema_extra: Litestar drops ge=0 from the document for an optional float

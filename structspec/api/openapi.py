@@ -15,7 +15,7 @@ from litestar._openapi.schema_generation.plugins.struct import StructSchemaPlugi
 from litestar.openapi.spec import Schema
 
 # JSON Schema keyword -> litestar Schema attribute, for the keywords used in __openapi_extra__.
-_ATTRIBUTES = {"oneOf": "one_of", "anyOf": "any_of", "not": "not_"}
+_ATTRIBUTES = {"oneOf": "one_of", "anyOf": "any_of", "allOf": "all_of", "not": "not_"}
 
 
 class StrictStructSchemaPlugin(StructSchemaPlugin):

@@ -117,17 +117,28 @@ class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One document and either a registered schema's id or an inline JSON Schema."""
+    """One document, as text (`document`) or as a file (`content`, base64, with `media_type`),
+    and either a registered schema's id or an inline JSON Schema."""
 
     schema_id: str | None = None
     schema: dict[str, Any] | None = None
-    document: Annotated[str, msgspec.Meta(pattern=NO_NUL, description="the text; no U+0000")]
+    document: Annotated[str, msgspec.Meta(
+        pattern=NO_NUL, description="the text; no U+0000. Give this or `content`")] | None = None
+    content: Annotated[str, msgspec.Meta(
+        description="the document's file, base64: a PDF with a text layer, or UTF-8 text (docs/api.md, "
+                    "Document formats). Give this or `document`")] | None = None
+    media_type: Annotated[str, msgspec.Meta(
+        max_length=200, pattern=NO_NUL,
+        description="the media type of `content` (application/pdf, text/plain); its first bytes decide first",
+        examples=["application/pdf"])] | None = None
     options: JobOptions | None = None
 
-    # exactly one of schema_id and schema, not null (structspec.api.openapi)
-    __openapi_extra__: ClassVar[dict[str, Any]] = {"oneOf": [
-        Schema(required=["schema_id"], properties={"schema_id": Schema(type=OpenAPIType.STRING)}),
-        Schema(required=["schema"], properties={"schema": Schema(type=OpenAPIType.OBJECT)})]}
+    # exactly one of schema_id and schema, and one of document and content, not null (structspec.api.openapi)
+    __openapi_extra__: ClassVar[dict[str, Any]] = {"allOf": [
+        Schema(one_of=[Schema(required=["schema_id"], properties={"schema_id": Schema(type=OpenAPIType.STRING)}),
+                       Schema(required=["schema"], properties={"schema": Schema(type=OpenAPIType.OBJECT)})]),
+        Schema(one_of=[Schema(required=["document"], properties={"document": Schema(type=OpenAPIType.STRING)}),
+                       Schema(required=["content"], properties={"content": Schema(type=OpenAPIType.STRING)})])]}
 
 
 class JobAccepted(msgspec.Struct, kw_only=True):
@@ -159,6 +170,12 @@ class Confidence(msgspec.Struct, kw_only=True):
     mean: float
 
 
+class PageBox(msgspec.Struct, kw_only=True):
+    page: Annotated[int, msgspec.Meta(description="1-based page number")]
+    box: Annotated[list[float], msgspec.Meta(
+        description="[x0, y0, x1, y1] in PDF points from the page's top-left corner, y downwards")]
+
+
 class JobRead(msgspec.Struct, kw_only=True):
     id: uuid.UUID
     status: Annotated[str, msgspec.Meta(description="queued | running | succeeded | failed | cancelled")]
@@ -176,6 +193,9 @@ class JobRead(msgspec.Struct, kw_only=True):
     confidence: Annotated[dict[str, Confidence] | None, msgspec.Meta(
         description="per leaf of the result (by JSON Pointer): the target model's probabilities of the tokens "
                     "that wrote it, under the grammar's mask (see docs/api.md, Grounding)")] = None
+    boxes: Annotated[dict[str, list[PageBox]] | None, msgspec.Meta(
+        description="for a document sent as a PDF, per span (by JSON Pointer): the page and box of each line the "
+                    "value covers (see docs/api.md, Document formats)")] = None
 
 
 class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -128,6 +128,9 @@ class JobRecord(Base):
     position: Mapped[int | None] = mapped_column(sa.Integer, nullable=True)  # 0-based, in its batch
     doc_id: Mapped[str | None] = mapped_column(sa.String(200), nullable=True)  # the user's document id
     document: Mapped[str] = mapped_column(sa.Text)
+    # where each character of `document` sits on its page, for a document sent as a PDF
+    # (structspec.ingest: encode_layout); NULL for text
+    layout: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True, default=None)
     # chat messages [{role, content}] of an OpenAI-compatible request: the prompt is these through
     # the model's chat template, and `document` holds their text; NULL for extraction jobs
     messages: Mapped[list[dict[str, str]] | None] = mapped_column(sa.JSON, nullable=True)

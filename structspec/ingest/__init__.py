@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from pathlib import PurePath
 
-from structspec.ingest.document import CharPlace, Document, IngestError, Page
+from structspec.ingest.document import CharPlace, Document, IngestError, Page, decode_layout, encode_layout
 
-__all__ = ["CharPlace", "Document", "IngestError", "MEDIA_TYPES", "Page", "detect", "ingest"]
+__all__ = ["CharPlace", "Document", "IngestError", "MEDIA_TYPES", "Page", "decode_layout", "detect", "encode_layout",
+           "ingest"]
 
 TEXT = "text/plain"
 PDF = "application/pdf"

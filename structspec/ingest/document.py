@@ -75,3 +75,37 @@ class Document:
             return {}
         located = {pointer: self.locate(*span) for pointer, span in spans.items() if span is not None}
         return {pointer: places for pointer, places in located.items() if places}
+
+
+# --- stored with a job: the layout without the text (the job stores that) ---------------------
+
+LAYOUT_VERSION = 1
+
+
+def encode_layout(doc: Document) -> bytes | None:
+    """`doc`'s pages and character places as compact zlib-compressed JSON, or None for plain
+    text. Characters without a place are 0; boxes keep two decimals (1/7200 inch)."""
+    import json
+    import zlib
+
+    if not doc.chars:
+        return None
+    chars = [0 if p is None else [p.page, p.line, *(round(v, 2) for v in p.box)] for p in doc.chars]
+    body = {"v": LAYOUT_VERSION, "media_type": doc.media_type,
+            "pages": [[p.number, round(p.width, 2), round(p.height, 2), p.unit] for p in doc.pages], "chars": chars}
+    return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)
+
+
+def decode_layout(text: str, blob: bytes) -> Document:
+    """The Document that encode_layout() stored, with its text given back."""
+    import json
+    import zlib
+
+    body = json.loads(zlib.decompress(blob))
+    if body.get("v") != LAYOUT_VERSION:
+        raise ValueError(f"unknown layout version {body.get('v')!r}")
+    pages = [Page(n, w, h, unit) for n, w, h, unit in body["pages"]]
+    chars = [None if c == 0 else CharPlace(c[0], c[1], tuple(c[2:6])) for c in body["chars"]]
+    if len(chars) != len(text):
+        raise ValueError(f"layout of {len(chars)} characters for a text of {len(text)}")
+    return Document(text=text, media_type=body["media_type"], pages=pages, chars=chars)

@@ -133,6 +133,47 @@ def test_wait_answers_200_with_the_finished_job_and_registers_an_inline_schema(s
     assert stack.client.get(f"/v1/extractions/{again.json()['id']}").json()["schema_id"] == job["schema_id"]
 
 
+def test_a_pdf_sent_as_content_gets_its_spans_on_the_page_and_bad_files_store_nothing(stack):
+    import base64
+
+    from structspec.ingest import ingest
+
+    pdf = (Path(__file__).resolve().parents[1] / "fixtures" / "invoices" / "AzureInterior.pdf").read_bytes()
+    schema = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}  # verbatim: a span
+    body = {"schema": schema, "content": base64.b64encode(pdf).decode(), "media_type": "application/pdf",
+            "options": {"verbatim": True, "strategy": "none", "max_tokens": 256}}
+    r = stack.client.post("/v1/extractions?wait=60", json=body)
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["status"] == "succeeded", job
+    doc = ingest(pdf)  # the text the job stored is the PDF's text layer; spans index it
+    assert job["spans"]["/who"] is not None, json.dumps(job)
+    start, end = job["spans"]["/who"]
+    assert doc.text[start:end] == job["result"]["who"]
+    assert job["boxes"] == {"/who": doc.locate(start, end)} and job["boxes"]["/who"][0]["page"] == 1
+    text_job = stack.client.post("/v1/extractions?wait=60", json={"schema": schema, "document": doc.text,
+                                                                  "options": body["options"]}).json()
+    assert text_job["result"] == job["result"] and text_job["spans"] == job["spans"] and text_job["boxes"] is None
+
+    count = "SELECT count(*) FROM jobs"
+    [(before,)] = stack.rows(count)
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(32)).decode()
+    for bad, status, message in [
+        ({"content": base64.b64encode(pdf[:4000]).decode()}, 422, "the PDF cannot be read"),
+        ({"content": png, "media_type": "image/png"}, 415, "need OCR"),
+        ({"content": base64.b64encode(b"PK\x03\x04").decode(), "media_type": "application/zip"}, 415,
+         "unsupported media type application/zip"),
+        ({"content": "not base64!"}, 422, "not valid base64"),
+        ({"content": png, "document": "text"}, 422, "not both"),
+        ({}, 422, "is required"),
+    ]:
+        err = assert_error(stack.client.post("/v1/extractions", json={"schema": schema, **bad}), status)
+        assert message in err["detail"], (bad.keys(), err)
+    [(after,)] = stack.rows(count)
+    assert after == before
+
+
+# --- batches -------------------------------------------------------------------------------
 # --- batches -------------------------------------------------------------------------------
 
 # The grammar forces the 60 `a`s; the pattern (Python's `re`: 0.13 s at 22 characters, doubling

@@ -26,7 +26,7 @@ from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTo
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import (BatchAccepted, BatchCreate, BatchPage, BatchRead, ExtractionCreate, JobAccepted,
-                                    JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings, Rejected)
+                                    JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings, PageBox, Rejected)
 from structspec.config import Settings
 from structspec.db.columns import utcnow
 from structspec.db.idempotency import IdempotencyRepository
@@ -95,23 +95,51 @@ class JobService:
         if (first := self.replay(idem)) is not None:
             return msgspec.convert(first, JobAccepted), True
         # everything is checked before an inline schema is registered: a refused request stores nothing
-        self.check_document(data.document, "/document")
+        document, layout, where = self.document_of(data)
+        self.check_document(document, where)
         options = self.request_options(data.options)
-        [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [data.document])
+        [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [document])
         if too_long:
-            raise UnprocessableError(too_long, [ErrorItem(path="/document", message=too_long, source="body")])
+            raise UnprocessableError(too_long, [ErrorItem(path=where, message=too_long, source="body")])
         schema_id = self.resolve_schema(data.schema_id, data.schema)
-        answer, replayed = self._queue_one(schema_id, data.document, options, idem=idem)
+        answer, replayed = self._queue_one(schema_id, document, options, idem=idem, layout=layout)
         return msgspec.convert(answer, JobAccepted), replayed
+
+    @staticmethod
+    def document_of(data: ExtractionCreate) -> tuple[str, bytes | None, str]:
+        """(the text the model reads, its layout or None, the body path it came from): `document`
+        as it is, or `content` decoded and ingested (structspec.ingest). Exactly one is given."""
+        import base64
+        import binascii
+
+        from structspec.ingest import IngestError, encode_layout, ingest
+
+        if (data.document is None) == (data.content is None):
+            message = ("give the document as text (`document`) or as a file (`content`, base64), not both"
+                       if data.document is not None else "`document` (text) or `content` (a file, base64) is required")
+            raise UnprocessableError(message, [ErrorItem(path="/document", message=message, source="body")])
+        if data.document is not None:
+            return data.document, None, "/document"
+        try:
+            raw = base64.b64decode(data.content, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise UnprocessableError(f"`content` is not valid base64: {e}", [
+                ErrorItem(path="/content", message="not valid base64", source="body")]) from None
+        try:
+            doc = ingest(raw, data.media_type)
+        except IngestError as e:
+            raise ApiError(e.status, f"content: {e}", [ErrorItem(path="/content", message=str(e), source="body")]) \
+                from None
+        return doc.text, encode_layout(doc), "/content"
 
     def _queue_one(self, schema_id: uuid.UUID, document: str, options: RequestOptions,
                    messages: list[dict[str, str]] | None = None, stream: bool = False,
-                   idem: Idempotency | None = None) -> tuple[dict[str, Any], bool]:
+                   idem: Idempotency | None = None, layout: bytes | None = None) -> tuple[dict[str, Any], bool]:
         """Store one queued job and publish it (deleted again if the broker is down); returns
         the answer {id, status} and whether it is a concurrent first submission's (`idem`)."""
         def write(session: Session) -> dict[str, Any]:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
-                                                             document=document, messages=messages,
+                                                             document=document, messages=messages, layout=layout,
                                                              options=options.as_dict(), stream=stream)])
             return {"id": str(job_id), "status": "queued"}
 
@@ -518,7 +546,17 @@ def to_job_read(j: JobRecord) -> JobRead:
                    result=j.result if j.status == "succeeded" else None, error=j.error,
                    stats=JobStats(**{k: j.stats.get(k) for k in STATS_KEYS}) if j.stats else None,
                    timings=JobTimings(queued_s=j.queued_s, prefill_s=j.prefill_s, decode_s=j.decode_s),
-                   created_at=j.created_at, finished_at=j.finished_at, **grounding(j))
+                   created_at=j.created_at, finished_at=j.finished_at, **grounding(j), boxes=boxes(j))
+
+
+def boxes(j: JobRecord) -> dict[str, list[PageBox]] | None:
+    """A succeeded job's spans on the pages of the PDF it was sent as (structspec.ingest), else None."""
+    if j.status != "succeeded" or j.layout is None or not j.spans:
+        return None
+    from structspec.ingest import decode_layout
+
+    located = decode_layout(j.document, j.layout).locate_spans(j.spans)
+    return {ptr: [PageBox(page=b["page"], box=b["box"]) for b in places] for ptr, places in located.items()}
 
 
 def grounding(j: JobRecord) -> dict[str, Any]:
