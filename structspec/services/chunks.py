@@ -1,0 +1,148 @@
+"""Documents longer than the model's context: split into overlapping chunks at natural
+boundaries, each extracted with the same schema, the results merged back into one.
+
+Merge rules (the result follows the schema's shape, so the rules follow the value's):
+  * an object merges field by field, keys in the order they first appear;
+  * an array concatenates the chunks' arrays in chunk order and drops items equal to one
+    already taken (the overlap between chunks repeats what both saw);
+  * a scalar takes the value with the highest confidence (the mean token probability of the
+    tokens that wrote it), ties to the first chunk; a null loses to any non-null value, since a
+    chunk that does not hold a field writes null for it.
+Spans and confidences follow the values they belong to, spans shifted into the whole document.
+The merged value is validated against the schema by the caller, as any result is.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+BOUNDARIES = ("\n\n", "\n", ". ", " ")  # preferred cut points, best first: pages and paragraphs, lines, sentences, words
+
+
+def split(text: str, size: int, overlap: int = 0) -> list[tuple[int, int]]:
+    """[start, end) character ranges of `text`, each at most `size` long, cut at the best
+    boundary in the second half of the range, each starting about `overlap` characters before
+    the previous one ended (at a boundary there too). One range when the text fits."""
+    if size < 2:
+        raise ValueError(f"chunk size must be at least 2 characters, not {size}")
+    if not 0 <= overlap < size // 2:
+        raise ValueError(f"overlap must be between 0 and half the chunk size ({size // 2}), not {overlap}")
+    ranges: list[tuple[int, int]] = []
+    start = 0
+    while True:
+        end = min(start + size, len(text))
+        if end < len(text):
+            end = _cut(text, start + size // 2, end)
+        ranges.append((start, end))
+        if end >= len(text):
+            return ranges
+        nxt = end - overlap
+        if overlap:  # begin the overlap at a boundary too, never before this chunk's middle
+            nxt = _after_boundary(text, nxt, end)
+        start = max(nxt, start + 1)
+
+
+def _cut(text: str, lo: int, hi: int) -> int:
+    for sep in BOUNDARIES:
+        i = text.rfind(sep, lo, hi)
+        if i >= 0:
+            return i + len(sep)
+    return hi
+
+
+def _after_boundary(text: str, lo: int, hi: int) -> int:
+    for sep in BOUNDARIES:
+        i = text.find(sep, lo, hi)
+        if i >= 0 and i + len(sep) < hi:
+            return i + len(sep)
+    return lo
+
+
+@dataclass
+class Part:
+    """One chunk's result: its value (None when the chunk failed), spans and confidence by
+    JSON Pointer (as engine results carry them), and where the chunk starts in the document."""
+
+    value: Any
+    spans: dict[str, list[int] | None] = field(default_factory=dict)
+    confidence: dict[str, dict[str, float]] = field(default_factory=dict)
+    offset: int = 0
+
+
+@dataclass
+class Merged:
+    value: Any
+    spans: dict[str, list[int] | None]
+    confidence: dict[str, dict[str, float]]
+    chunks: int
+    used: int  # chunks whose result took part
+
+
+def merge(parts: list[Part]) -> Merged:
+    """The chunks' results merged by the rules above; value None when no chunk had one."""
+    live = [(i, p) for i, p in enumerate(parts) if p.value is not None]
+    origin: dict[str, tuple[int, str]] = {}  # merged pointer -> (part, pointer there), for leaves
+    value = _merge([(p.value, i, "") for i, p in live], "", parts, origin) if live else None
+    spans, confidence = {}, {}
+    for ptr, (i, src) in origin.items():
+        part = parts[i]
+        if src in part.spans:
+            span = part.spans[src]
+            spans[ptr] = None if span is None else [span[0] + part.offset, span[1] + part.offset]
+        if src in part.confidence:
+            confidence[ptr] = part.confidence[src]
+    return Merged(value, spans, confidence, len(parts), len(live))
+
+
+def _key(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _merge(cands: list[tuple[Any, int, str]], ptr: str, parts: list[Part], origin: dict) -> Any:
+    values = [v for v, _, _ in cands]
+    if all(isinstance(v, dict) for v in values):
+        keys: list[str] = []
+        for v in values:
+            keys += [k for k in v if k not in keys]
+        return {k: _merge([(v[k], i, f"{src}/{_escape(k)}") for v, i, src in cands if k in v],
+                          f"{ptr}/{_escape(k)}", parts, origin) for k in keys}
+    if all(isinstance(v, list) for v in values):
+        out, seen = [], set()
+        for v, i, src in cands:
+            for j, item in enumerate(v):
+                if (key := _key(item)) in seen:
+                    continue
+                seen.add(key)
+                _take(item, i, f"{src}/{j}", f"{ptr}/{len(out)}", origin)
+                out.append(item)
+        return out
+    best = max(range(len(cands)), key=lambda n: (cands[n][0] is not None, _score(cands[n], parts), -n))
+    v, i, src = cands[best]
+    _take(v, i, src, ptr, origin)
+    return v
+
+
+def _score(cand: tuple[Any, int, str], parts: list[Part]) -> float:
+    _, i, src = cand
+    conf = parts[i].confidence.get(src)
+    return conf["mean"] if conf else -1.0
+
+
+def _take(value: Any, i: int, src: str, dest: str, origin: dict) -> None:
+    """Record that `value` (and every leaf under it) at `dest` comes from part i at `src`."""
+    if isinstance(value, (dict, list)) and not value:  # an empty container is a leaf
+        origin[dest] = (i, src)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _take(v, i, f"{src}/{_escape(k)}", f"{dest}/{_escape(k)}", origin)
+    elif isinstance(value, list):
+        for j, v in enumerate(value):
+            _take(v, i, f"{src}/{j}", f"{dest}/{j}", origin)
+    else:
+        origin[dest] = (i, src)

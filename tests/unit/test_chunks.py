@@ -1,0 +1,89 @@
+"""Long documents: chunk boundaries, and the merge rules on crafted results."""
+
+from __future__ import annotations
+
+import pytest
+
+from structspec.services.chunks import Part, merge, split
+
+
+def conf(mean: float) -> dict[str, float]:
+    return {"min": mean, "mean": mean}
+
+
+def test_a_scalar_takes_the_most_confident_value_and_its_span_moves_into_the_document():
+    a = Part({"total": "5.00"}, {"/total": [10, 14]}, {"/total": conf(0.4)}, offset=0)
+    b = Part({"total": "7.00"}, {"/total": [3, 7]}, {"/total": conf(0.9)}, offset=1000)
+    m = merge([a, b])
+    assert m.value == {"total": "7.00"} and m.spans == {"/total": [1003, 1007]}
+    assert m.confidence == {"/total": conf(0.9)} and (m.chunks, m.used) == (2, 2)
+
+
+def test_ties_go_to_the_first_chunk_and_null_loses_to_any_value():
+    tie = merge([Part({"n": 1}, {}, {"/n": conf(0.5)}), Part({"n": 2}, {}, {"/n": conf(0.5)}, offset=50)])
+    assert tie.value == {"n": 1}
+    found = merge([Part({"who": None}, {"/who": None}, {"/who": conf(0.99)}),
+                   Part({"who": "Ann"}, {"/who": [4, 7]}, {"/who": conf(0.2)}, offset=100)])
+    assert found.value == {"who": "Ann"} and found.spans == {"/who": [104, 107]}
+
+
+def test_arrays_concatenate_in_chunk_order_without_the_overlap_repeated():
+    a = Part({"items": [{"name": "tea", "price": 2}, {"name": "cake", "price": 4}]},
+             {"/items/0/name": [0, 3], "/items/1/name": [10, 14]},
+             {"/items/0/name": conf(0.9), "/items/1/name": conf(0.8)}, offset=0)
+    b = Part({"items": [{"name": "cake", "price": 4}, {"name": "soup", "price": 6}]},
+             {"/items/0/name": [2, 6], "/items/1/name": [20, 24]},
+             {"/items/0/name": conf(0.7), "/items/1/name": conf(0.6)}, offset=12)
+    m = merge([a, b])
+    assert m.value == {"items": [{"name": "tea", "price": 2}, {"name": "cake", "price": 4},
+                                 {"name": "soup", "price": 6}]}
+    # the duplicate keeps the first chunk's span; the new item's span is shifted and re-indexed
+    assert m.spans == {"/items/0/name": [0, 3], "/items/1/name": [10, 14], "/items/2/name": [32, 36]}
+    assert m.confidence["/items/2/name"] == conf(0.6)
+
+
+def test_nested_objects_merge_field_by_field_keeping_the_order_keys_first_appear():
+    a = Part({"seller": {"name": "Acme", "city": None}, "date": "2024-01-02"},
+             {"/seller/name": [0, 4]}, {"/seller/name": conf(0.5), "/seller/city": conf(0.9), "/date": conf(0.3)})
+    b = Part({"seller": {"city": "Oslo", "name": "ACME AS"}, "total": 9.5},
+             {"/seller/name": [1, 8], "/seller/city": [9, 13]},
+             {"/seller/name": conf(0.6), "/seller/city": conf(0.4), "/total": conf(0.8)}, offset=200)
+    m = merge([a, b])
+    assert m.value == {"seller": {"name": "ACME AS", "city": "Oslo"}, "date": "2024-01-02", "total": 9.5}
+    assert list(m.value) == ["seller", "date", "total"] and list(m.value["seller"]) == ["name", "city"]
+    assert m.spans == {"/seller/name": [201, 208], "/seller/city": [209, 213]}
+
+
+def test_failed_chunks_are_left_out_and_keys_with_a_slash_keep_their_pointer():
+    m = merge([Part(None), Part({"a/b": "x"}, {"/a~1b": [0, 1]}, {"/a~1b": conf(1.0)}, offset=7)])
+    assert m.value == {"a/b": "x"} and m.spans == {"/a~1b": [7, 8]} and (m.chunks, m.used) == (2, 1)
+    assert merge([Part(None), Part(None)]).value is None
+
+
+TEXT = ("Page one opens here. It has two sentences.\n\nA second paragraph on page one.\n"
+        "A line after it.\n\nPage two starts. " + "word " * 60 + "\n\nThe end.")
+
+
+@pytest.mark.parametrize("size, overlap", [(40, 0), (60, 10), (100, 30), (len(TEXT), 0)])
+def test_chunks_cover_the_text_within_the_size_and_cut_at_boundaries(size, overlap):
+    ranges = split(TEXT, size, overlap)
+    assert ranges[0][0] == 0 and ranges[-1][1] == len(TEXT)
+    for (s0, e0), (s1, e1) in zip(ranges, ranges[1:]):
+        assert s0 < s1 <= e0  # in order, no gap
+        assert e0 - s1 <= overlap  # the overlap is at most what was asked
+        assert TEXT[e0 - 1] in " \n" or TEXT[e0 - 2:e0] == ". "  # each cut at a boundary
+    assert all(0 < e - s <= size for s, e in ranges)
+    if size == len(TEXT):
+        assert ranges == [(0, len(TEXT))]
+
+
+def test_paragraph_breaks_are_preferred_over_lines_and_words():
+    text = "aaaa aaaa aaaa\n\nbbbb\ncccc dddd eeee"
+    assert split(text, 24)[0] == (0, 16)  # after the blank line, not after "bbbb\n" (in the same half)
+
+
+def test_bad_sizes_are_refused_naming_the_bound():
+    with pytest.raises(ValueError, match="at least 2"):
+        split("abc", 1)
+    with pytest.raises(ValueError, match="half the chunk size"):
+        split("abc", 10, 5)
