@@ -133,7 +133,7 @@ def cmd_extract(args) -> int:
     engine = build_engine(settings)
     progress = args.progress if args.progress is not None else len(documents) > 1 and sys.stderr.isatty()
     return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans, progress,
-                         args.overlay)
+                         args.overlay, args.chunking)
 
 
 def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
@@ -153,7 +153,7 @@ def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
 
 def run_documents(engine, schema: dict, documents: list[tuple[str, object, list | None]], opts, local, verbatim: bool,
                   show_stats: bool, show_spans: bool = False, progress: bool = False,
-                  overlay: Path | None = None) -> int:
+                  overlay: Path | None = None, chunking: str = "off") -> int:
     """Decode `documents` (path, ingest.Document, chat messages or None) together, keeping the engine full:
     each document is submitted when a place frees up, so with `auto` its (strategy, k) is drawn
     from statistics that include the documents finished before it. Results are printed in input
@@ -169,39 +169,66 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, object, list 
                                      "max_seqs": engine.scheduler.max_seqs,
                                      "packed_linears": engine.packed_linears}}), file=sys.stderr, flush=True)
     with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:
-        return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay)
+        return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay,
+                              chunking)
 
 
-def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay) -> int:
+def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay,
+                   chunking: str = "off") -> int:
     from tqdm import tqdm
 
     from structspec.engine.engine import Request
+    from structspec.engine.prompt import DocumentTooLong
 
-    pending = deque(enumerate(documents))
+    # (input index, path, text, chat messages, chunk: (number, offset) or None)
+    pending = deque((i, path, doc.text, messages, None) for i, (path, doc, messages) in enumerate(documents))
     ready: dict[int, tuple[str, object, str | None]] = {}  # input index -> (path, result or error, selected_by)
-    index_of: dict[str, tuple[int, str, str | None]] = {}  # request id -> (index, path, selected_by)
+    index_of: dict[str, tuple[int, str, str | None, tuple | None]] = {}  # request id -> (index, path, selected_by, chunk)
+    chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}}
     printed = failed = 0
     while pending or engine.has_work():
         while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
-            i, (path, doc, messages) = pending.popleft()
+            i, path, text, messages, chunk = pending.popleft()
             run, why = opts, None
             if local is not None:
                 choice, why = local.choose(opts.draft_len, verbatim)
                 run = opts.replace(strategy=choice.strategy, draft_len=choice.draft_len)
             acceptance = (local.acceptance(run.strategy, run.draft_len, verbatim)
                           if local is not None and run.strategy != "none" and run.draft_len else None)
-            request = Request(schema, doc.text, run, acceptance=acceptance, messages=messages)
+            request = Request(schema, text, run, acceptance=acceptance, messages=messages)
             try:
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
+                if isinstance(e, DocumentTooLong) and chunking == "auto" and messages is None and chunk is None:
+                    ranges = _chunks_of(engine, schema, text, run.max_tokens or engine.settings.max_tokens, path)
+                    if isinstance(ranges, list):
+                        chunked[i] = {"offsets": [s for s, _ in ranges], "results": {}}
+                        pending.extendleft(reversed([(i, path, text[s:t], None, (k, s))
+                                                     for k, (s, t) in enumerate(ranges)]))
+                        continue
+                    e = ranges
+                if chunk is not None:  # a chunk that still does not fit fails its whole document
+                    e = ValueError(f"chunk {chunk[0] + 1} of {len(chunked[i]['offsets'])}: {e}")
+                    chunked.pop(i)
+                    pending = deque(p for p in pending if p[0] != i)
                 ready[i] = (path, e, why)
                 bar.update(1)
                 continue
-            index_of[request.id] = (i, path, why)
+            index_of[request.id] = (i, path, why, chunk)
         for res in engine.step() if engine.has_work() else []:
-            i, path, why = index_of.pop(res.request_id)
+            i, path, why, chunk = index_of.pop(res.request_id)
             if local is not None and res.status not in ("error", "cancelled"):
                 local.record(res.stats.as_dict(), res.stats.wall_s)
+            if chunk is not None:
+                if i not in chunked:  # another chunk of it failed to start: already reported
+                    continue
+                parts = chunked[i]
+                parts["results"][chunk[0]] = res
+                if len(parts["results"]) < len(parts["offsets"]):
+                    continue
+                from structspec.services.chunks import combined
+
+                res = combined(schema, [parts["results"][k] for k in range(len(parts["offsets"]))], parts["offsets"])
             ready[i] = (path, res, why)
             bar.update(1)
         while printed in ready:
@@ -210,6 +237,20 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
                 failed += not print_result(path, res, why, show_stats, show_spans, documents[printed][1], overlay)
             printed += 1
     return 1 if failed else 0
+
+
+def _chunks_of(engine, schema: dict, text: str, max_tokens: int, path: str) -> list[tuple[int, int]] | CliError:
+    """The chunk ranges of a document too long for the context (services/chunks.py), or the
+    error that says why it cannot be chunked."""
+    from structspec.services.chunks import chunk_ranges
+
+    try:
+        ranges = chunk_ranges(engine, schema, text, max_tokens)
+    except ValueError as e:
+        return CliError(f"too long for the model's context, and cannot be chunked: {e}")
+    print(f"structspec: {path}: longer than the model's context: extracting it in {len(ranges)} chunks",
+          file=sys.stderr, flush=True)
+    return ranges
 
 
 def print_result(path: str, res, why: str | None, show_stats: bool, show_spans: bool = False, doc=None,
@@ -222,6 +263,8 @@ def print_result(path: str, res, why: str | None, show_stats: bool, show_spans: 
         return False
     if res.status == "succeeded":
         out = {"result": res.value, "spans": res.spans, "confidence": res.confidence} if show_spans else res.value
+        if show_spans and getattr(res.stats, "chunks", 0):  # extracted in chunks (--chunking auto)
+            out["chunks"] = res.stats.chunks
         if show_spans and doc is not None and doc.has_layout:
             out["boxes"] = doc.locate_spans(res.spans)
             if overlay is not None:
@@ -547,6 +590,11 @@ def add_extract_command(sub, defaults: Settings) -> None:
                         "page's top-left corner, one box per line the value covers)")
     p.add_argument("--overlay", type=Path, metavar="DIR",
                    help="with --spans: draw each PDF's boxes on its pages, one PNG per page in DIR")
+    p.add_argument("--chunking", choices=["auto", "off"], default="off",
+                   help="auto: a document longer than the model's context is split into overlapping chunks at "
+                        "paragraph and line boundaries, extracted together and merged by the schema (objects field "
+                        "by field, arrays without repeats, scalars by confidence); off: it fails naming both token "
+                        "counts [default: %(default)s]")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="a progress bar of finished documents on stderr (default: on when stderr is a terminal "
                         "and there are several documents)")

@@ -6,8 +6,8 @@ Merge rules (the result follows the schema's shape, so the rules follow the valu
   * an array concatenates the chunks' arrays in chunk order and drops items equal to one
     already taken (the overlap between chunks repeats what both saw);
   * a scalar takes the value with the highest confidence (the mean token probability of the
-    tokens that wrote it), ties to the first chunk; a null loses to any non-null value, since a
-    chunk that does not hold a field writes null for it.
+    tokens that wrote it), ties to the first chunk; a null or an empty string loses to any
+    other value, since a chunk that does not hold a field writes one of those for it.
 Spans and confidences follow the values they belong to, spans shifted into the whole document.
 The merged value is validated against the schema by the caller, as any result is.
 """
@@ -17,6 +17,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from structspec.engine.sequence import ExtractResult, RequestStats
+from structspec.grammar import validate_instance
 
 BOUNDARIES = ("\n\n", "\n", ". ", " ")  # preferred cut points, best first: pages and paragraphs, lines, sentences, words
 
@@ -122,7 +125,7 @@ def _merge(cands: list[tuple[Any, int, str]], ptr: str, parts: list[Part], origi
                 _take(item, i, f"{src}/{j}", f"{ptr}/{len(out)}", origin)
                 out.append(item)
         return out
-    best = max(range(len(cands)), key=lambda n: (cands[n][0] is not None, _score(cands[n], parts), -n))
+    best = max(range(len(cands)), key=lambda n: (cands[n][0] not in (None, ""), _score(cands[n], parts), -n))
     v, i, src = cands[best]
     _take(v, i, src, ptr, origin)
     return v
@@ -146,3 +149,58 @@ def _take(value: Any, i: int, src: str, dest: str, origin: dict) -> None:
             _take(v, i, f"{src}/{j}", f"{dest}/{j}", origin)
     else:
         origin[dest] = (i, src)
+
+
+# --- a chunked document through the engine -------------------------------------------------------
+
+def chunk_ranges(engine, schema: dict, text: str, max_tokens: int) -> list[tuple[int, int]]:
+    """`text` split so that each chunk's prompt leaves `max_tokens` of the model's context for
+    the output (sized from the text's own characters per token, with a margin; an overlap of
+    about an eighth). Raises ValueError when the schema's prompt alone leaves no room."""
+    from structspec.engine.prompt import build_prompt
+
+    tokenizer, context = engine.loaded.tokenizer, engine.loaded.context_len
+    base = len(build_prompt(tokenizer, schema, "", context))
+    room = context - base - max_tokens - 16
+    if room < 64:
+        raise ValueError(f"the schema's prompt ({base} tokens) and max_tokens ({max_tokens}) leave {max(room, 0)} of "
+                         f"the model's {context}-token context for a chunk of the document; lower max_tokens")
+    per_token = len(text) / max(len(tokenizer(text, add_special_tokens=False)["input_ids"]), 1)
+    size = max(int(room * per_token * 0.85), 2)
+    return split(text, size, min(size // 8, 400))
+
+
+@dataclass
+class ChunkStats(RequestStats):
+    """A chunked document's stats: its chunks' summed, and how many chunks it had and used."""
+
+    chunks: int = 0
+    chunks_used: int = 0
+
+
+def combined(schema: dict, results: list[ExtractResult], offsets: list[int]) -> ExtractResult:
+    """One engine result (sequence.ExtractResult) for a document extracted in chunks: the
+    chunks' values merged (merge()), validated against `schema`; their stats summed, with
+    `chunks` and `chunks_used` added to what as_dict() reports."""
+    parts = [Part(r.value if r.status == "succeeded" else None, r.spans or {}, r.confidence or {}, off)
+             for r, off in zip(results, offsets)]
+    m = merge(parts)
+    stats = ChunkStats(results[0].stats.strategy, results[0].stats.draft_len, chunks=m.chunks, chunks_used=m.used)
+    for name in ("prompt_tokens", "prefill_tokens", "prefix_tokens", "output_tokens", "target_passes", "proposed",
+                 "accepted", "prefill_s", "decode_s"):
+        setattr(stats, name, sum(getattr(r.stats, name) for r in results))
+    stats.verbatim = any(r.stats.verbatim for r in results)
+    stats.wall_s = max(r.stats.wall_s for r in results)
+    stats.stop_reason = "chunks"
+    tokens = [t for r in results for t in r.tokens]
+    if m.value is None:
+        first = results[0]
+        return ExtractResult(first.status, None, "", tokens, stats,
+                             error=f"none of the {m.chunks} chunks succeeded; the first: {first.error}")
+    problems = validate_instance(schema, m.value)
+    if problems:
+        return ExtractResult("invalid", None, json.dumps(m.value, ensure_ascii=False), tokens, stats,
+                             error=f"the {m.chunks} chunks' results merged do not validate: {problems[0]}")
+    return ExtractResult("succeeded", m.value, json.dumps(m.value, ensure_ascii=False), tokens, stats,
+                         spans=m.spans, confidence=m.confidence)
+

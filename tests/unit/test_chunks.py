@@ -19,12 +19,15 @@ def test_a_scalar_takes_the_most_confident_value_and_its_span_moves_into_the_doc
     assert m.confidence == {"/total": conf(0.9)} and (m.chunks, m.used) == (2, 2)
 
 
-def test_ties_go_to_the_first_chunk_and_null_loses_to_any_value():
+def test_ties_go_to_the_first_chunk_and_null_or_empty_loses_to_any_value():
     tie = merge([Part({"n": 1}, {}, {"/n": conf(0.5)}), Part({"n": 2}, {}, {"/n": conf(0.5)}, offset=50)])
     assert tie.value == {"n": 1}
     found = merge([Part({"who": None}, {"/who": None}, {"/who": conf(0.99)}),
                    Part({"who": "Ann"}, {"/who": [4, 7]}, {"/who": conf(0.2)}, offset=100)])
     assert found.value == {"who": "Ann"} and found.spans == {"/who": [104, 107]}
+    empty = merge([Part({"who": ""}, {"/who": None}, {"/who": conf(0.95)}),
+                   Part({"who": "Bo"}, {"/who": [0, 2]}, {"/who": conf(0.3)}, offset=9)])
+    assert empty.value == {"who": "Bo"} and empty.spans == {"/who": [9, 11]}
 
 
 def test_arrays_concatenate_in_chunk_order_without_the_overlap_repeated():

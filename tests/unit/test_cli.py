@@ -283,3 +283,29 @@ def test_an_unreadable_pdf_is_a_clear_error_before_the_model_loads(capsys, tmp_p
     schema.write_text(json.dumps({"type": "object"}))
     code, err = run_cli(capsys, "extract", "--schema", str(schema), str(bad))
     assert code == 2 and f"document {bad}: the PDF cannot be read" in err and "loading model" not in err
+
+
+def test_a_document_longer_than_the_context_is_chunked_and_merged_on_request(capsys, monkeypatch, tmp_path,
+                                                                              tiny_compact_engine):
+    import structspec.cli as cli
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_compact_engine)
+    schema = tmp_path / "who.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}))
+    doc = tmp_path / "long.txt"
+    text = "".join(f"Line {n}: shipment {n * 7} went to depot {n % 13}.\n" for n in range(1800))  # > 8192 tokens
+    doc.write_text(text)
+    common = ["extract", "--schema", str(schema), str(doc), "--verbatim", "--strategy", "none", "--spans",
+              "--max-tokens", "32", "--stats"]
+    assert main(common) == 1  # off by default: it fails naming both token counts
+    assert "the model's context is 8192 tokens" in capsys.readouterr().err
+    code = main([*common, "--chunking", "auto"])
+    out, err = capsys.readouterr()
+    chunks = int(err.split("extracting it in ", 1)[1].split(" chunks", 1)[0])
+    stats = json.loads([line for line in err.splitlines() if line.startswith('{"document"')][0])
+    assert chunks >= 2 and stats["chunks"] == chunks and stats["stop_reason"] == "chunks"
+    assert code == 0, err
+    line = json.loads(out)
+    assert line["spans"]["/who"] is not None, (line, err[-2000:])
+    start, end = line["spans"]["/who"]  # verbatim: a span, shifted into the whole document
+    assert text[start:end] == line["result"]["who"] and line["chunks"] == chunks
