@@ -180,10 +180,10 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
     from structspec.engine.engine import Request
     from structspec.engine.prompt import DocumentTooLong
 
-    # (input index, path, text, chat messages, chunk: (number, offset) or None)
+    # (input index, path, text, chat messages, chunk number or None)
     pending = deque((i, path, doc.text, messages, None) for i, (path, doc, messages) in enumerate(documents))
     ready: dict[int, tuple[str, object, str | None]] = {}  # input index -> (path, result or error, selected_by)
-    index_of: dict[str, tuple[int, str, str | None, tuple | None]] = {}  # request id -> (index, path, selected_by, chunk)
+    index_of: dict[str, tuple[int, str, str | None, int | None]] = {}  # request id -> (index, path, selected_by, chunk)
     chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}}
     printed = failed = 0
     while pending or engine.has_work():
@@ -200,15 +200,15 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
                 if isinstance(e, DocumentTooLong) and chunking == "auto" and messages is None and chunk is None:
-                    ranges = _chunks_of(engine, schema, text, run.max_tokens or engine.settings.max_tokens, path)
+                    ranges = _chunks_of(engine, schema, text, run.max_tokens, path)
                     if isinstance(ranges, list):
                         chunked[i] = {"offsets": [s for s, _ in ranges], "results": {}}
-                        pending.extendleft(reversed([(i, path, text[s:t], None, (k, s))
+                        pending.extendleft(reversed([(i, path, text[s:t], None, k)
                                                      for k, (s, t) in enumerate(ranges)]))
                         continue
                     e = ranges
                 if chunk is not None:  # a chunk that still does not fit fails its whole document
-                    e = ValueError(f"chunk {chunk[0] + 1} of {len(chunked[i]['offsets'])}: {e}")
+                    e = ValueError(f"chunk {chunk + 1} of {len(chunked[i]['offsets'])}: {e}")
                     chunked.pop(i)
                     pending = deque(p for p in pending if p[0] != i)
                 ready[i] = (path, e, why)
@@ -223,7 +223,7 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
                 if i not in chunked:  # another chunk of it failed to start: already reported
                     continue
                 parts = chunked[i]
-                parts["results"][chunk[0]] = res
+                parts["results"][chunk] = res
                 if len(parts["results"]) < len(parts["offsets"]):
                     continue
                 from structspec.services.chunks import combined

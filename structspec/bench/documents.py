@@ -31,7 +31,7 @@ def expected_of(path: Path) -> dict | None:
     return value[0] if isinstance(value, list) else value
 
 
-def same(field: str, want, have) -> bool:
+def same(want, have) -> bool:
     if have is None:
         return False
     if isinstance(want, (int, float)) and not isinstance(want, bool):
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
             if want is None:
                 continue
             per_field[name]["expected"] += 1
-            per_field[name]["matched"] += same(name, want, (value or {}).get(name))
+            per_field[name]["matched"] += same(want, (value or {}).get(name))
             if value is not None and isinstance(value.get(name), str) and value[name]:
                 strings += 1
                 boxed += f"/{name}" in boxes

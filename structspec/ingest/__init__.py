@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from structspec.ingest.document import CharPlace, Document, IngestError, Page, decode_layout, encode_layout
+from structspec.ingest.pdf import MEDIA_TYPE as PDF
+from structspec.ingest.pdf import read_pdf
 
 __all__ = ["CharPlace", "Document", "IngestError", "MEDIA_TYPES", "Page", "decode_layout", "detect", "encode_layout",
            "ingest"]
 
 TEXT = "text/plain"
-PDF = "application/pdf"
 IMAGES = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff", "image/tiff": (b"II*\x00", b"MM\x00*")}
 MEDIA_TYPES: tuple[str, ...] = (TEXT, PDF)  # what ingest() reads
 EXTENSIONS = {".txt": TEXT, ".text": TEXT, ".md": TEXT, ".pdf": PDF, ".png": "image/png", ".jpg": "image/jpeg",
@@ -47,8 +48,6 @@ def ingest(data: bytes, media_type: str | None = None, name: str | None = None, 
                                "(max_document_bytes)")
     kind = detect(data, media_type, name)
     if kind == PDF:
-        from structspec.ingest.pdf import read_pdf
-
         return read_pdf(data, max_pages)
     if kind in IMAGES:
         raise IngestError(415, f"{kind} documents need OCR, which this version does not include; "

@@ -9,6 +9,8 @@ image pixels are.
 
 from __future__ import annotations
 
+import json
+import zlib
 from dataclasses import dataclass, field
 
 Box = tuple[float, float, float, float]
@@ -85,9 +87,6 @@ LAYOUT_VERSION = 1
 def encode_layout(doc: Document) -> bytes | None:
     """`doc`'s pages and character places as compact zlib-compressed JSON, or None for plain
     text. Characters without a place are 0; boxes keep two decimals (1/7200 inch)."""
-    import json
-    import zlib
-
     if not doc.chars:
         return None
     chars = [0 if p is None else [p.page, p.line, *(round(v, 2) for v in p.box)] for p in doc.chars]
@@ -98,9 +97,6 @@ def encode_layout(doc: Document) -> bytes | None:
 
 def decode_layout(text: str, blob: bytes) -> Document:
     """The Document that encode_layout() stored, with its text given back."""
-    import json
-    import zlib
-
     body = json.loads(zlib.decompress(blob))
     if body.get("v") != LAYOUT_VERSION:
         raise ValueError(f"unknown layout version {body.get('v')!r}")

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from structspec.ingest.document import CharPlace, Document, IngestError, Page
+from structspec.ingest.document import Box, CharPlace, Document, IngestError, Page
 
 MEDIA_TYPE = "application/pdf"
 
 
 @dataclass
 class _Line:
-    chars: list[tuple[str, tuple[float, float, float, float] | None]]  # (character, top-left box)
+    chars: list[tuple[str, Box | None]]  # (character, its box from the page's top-left corner)
     x0: float
     y0: float
     y1: float
@@ -82,7 +82,7 @@ def _lines(page, height: float) -> list[_Line]:
     textpage = page.get_textpage()
     try:
         lines: list[_Line] = []
-        current: list[tuple[str, tuple[float, float, float, float] | None]] = []
+        current: list[tuple[str, Box | None]] = []
         for i in range(textpage.count_chars()):
             code = raw.FPDFText_GetUnicode(textpage.raw, i)
             ch = chr(code) if code else ""

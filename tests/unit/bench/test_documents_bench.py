@@ -33,6 +33,6 @@ def test_the_report_counts_files_pages_refusals_fields_and_boxes(tmp_path, monke
 
 
 def test_fields_are_compared_trimmed_case_folded_and_amounts_to_the_cent():
-    assert documents.same("issuer", "Coolblue B.V.", " coolblue b.v. ")
-    assert documents.same("amount", 4.11, 4.114) and not documents.same("amount", 4.11, 4.12)
-    assert not documents.same("amount", 4.11, "4.11") and not documents.same("issuer", "x", None)
+    assert documents.same("Coolblue B.V.", " coolblue b.v. ")
+    assert documents.same(4.11, 4.114) and not documents.same(4.11, 4.12)
+    assert not documents.same(4.11, "4.11") and not documents.same("x", None)
