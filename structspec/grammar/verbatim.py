@@ -152,7 +152,7 @@ class _LarkWriter:
         props = list(node["properties"].items())
         required = set(node.get("required") or [])
         ws = self.ws
-        members = [(lark_literal(json.dumps(k, ensure_ascii=False) + ":") + f" {ws}" + self.value(v, on), k in required)
+        members = [(lark_literal(json.dumps(k, ensure_ascii=False)) + f' {ws}":" {ws}' + self.value(v, on), k in required)
                    for k, v in props]
         # first_i: members i.. when none has been written yet; rest_i: after one has (comma first).
         first, rest = "", ""
