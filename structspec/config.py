@@ -51,6 +51,9 @@ class Settings:
     # on a CPU, the model's linear layers through oneDNN's prepacked weights (engine/packed.py):
     # faster few-row passes, bf16 bit-identical, fp32 within its last bits; costs their size in memory
     engine_packed_linear: bool = True
+    # Llama-shaped models through structspec's own forward (engine/lean.py): the model's arithmetic
+    # in about half the operator calls, checked against the model's own logits at start-up
+    engine_lean_forward: bool = True
     # each result's confidence per value (engine/grounding.py): a masked softmax over the vocabulary
     # at every emitted token's row, which costs real time on a CPU (docs/benchmarks.md)
     engine_confidence: bool = True

@@ -86,11 +86,11 @@ class _Process:
             log.info("loading model %r", settings.model)
             self._engine = Engine.from_settings(settings)
             log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB, dtype %s, "
-                     "%d linear layers prepacked",
+                     "%s forward, %d linear layers prepacked",
                      f"batched ({self._engine.runner.attention} attention)" if self._engine.batched
                      else "one sequence per forward pass (model cannot batch)",
                      self._engine.scheduler.max_seqs, self._engine.kv.budget_bytes // (1 << 20),
-                     self._engine.loaded.dtype_note, self._engine.packed_linears)
+                     self._engine.loaded.dtype_note, self._engine.forward_name, self._engine.packed_linears)
         return self._engine
 
     def loop(self, settings: Settings):

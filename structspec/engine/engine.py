@@ -98,7 +98,11 @@ class Engine:
         self.packed_linears = pack_linears(loaded.model) if settings.engine_packed_linear else 0
         if not settings.engine_packed_linear:
             unpack_linears(loaded.model)
-        self.runner = make_runner(loaded.model, settings.kernel_backend)
+        self.runner = make_runner(loaded.model, settings.kernel_backend, lean=settings.engine_lean_forward,
+                                  pack=settings.engine_packed_linear)
+        lean = getattr(self.runner, "lean", None)
+        if lean is not None:  # it packed its own fused layers in place of the model's
+            self.packed_linears = lean.packed_linears()
         self.kv = KVCache(self.runner.layout, kv_budget_bytes(settings.engine_kv_budget_mb, loaded.device),
                           self.runner.make_slot,
                           prefix_max_bytes=settings.engine_prefix_cache_mb * MiB if self.runner.batched else 0)
@@ -127,6 +131,11 @@ class Engine:
     @property
     def batched(self) -> bool:
         return self.runner.batched
+
+    @property
+    def forward_name(self) -> str:
+        """Which forward pass runs the model: "lean" (engine/lean.py) or "model" (its own)."""
+        return "lean" if getattr(self.runner, "lean", None) is not None else "model"
 
     # --- requests ------------------------------------------------------------------------------
 

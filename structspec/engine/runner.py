@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from structspec.engine.kv_cache import (ATTENTION_NAME, CURRENT, Discovery, KVLayout, LayerShape, Segment, Slot, Step,
                                         register_attention)
+from structspec.engine.lean import LeanForward
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,17 @@ def attention_backend(kernel_backend: str, device: torch.device) -> str:
 
 
 class BatchedRunner:
+    """Packed rows of many sequences in one pass: through the model's own forward with the
+    ragged attention swapped in, or through `lean` (engine/lean.py), the same arithmetic in
+    fewer operator calls."""
+
     batched = True
 
-    def __init__(self, model, layout: KVLayout, attention: str = "torch"):
+    def __init__(self, model, layout: KVLayout, attention: str = "torch", lean: LeanForward | None = None):
         self.model = model
         self.layout = layout
         self.attention = attention
+        self.lean = lean
         self.device = next(model.parameters()).device
         self._keep = _accepts_logits_to_keep(model)
 
@@ -88,16 +94,19 @@ class BatchedRunner:
         """Logits [R, V] of the rows in step.logits_rows; every segment's slot grows by its rows."""
         token = CURRENT.set(Step(step.segments, self.attention))
         try:
-            with attention_implementation(self.model, ATTENTION_NAME):
-                kwargs = {"logits_to_keep": step.logits_rows} if self._keep else {}
-                out = self.model(input_ids=step.input_ids.unsqueeze(0), position_ids=step.positions.unsqueeze(0),
-                                 use_cache=False, **kwargs)
+            if self.lean is not None:
+                logits = self.lean(step.input_ids, step.positions, step.logits_rows)
+            else:
+                with attention_implementation(self.model, ATTENTION_NAME):
+                    kwargs = {"logits_to_keep": step.logits_rows} if self._keep else {}
+                    out = self.model(input_ids=step.input_ids.unsqueeze(0), position_ids=step.positions.unsqueeze(0),
+                                     use_cache=False, **kwargs)
+                logits = out.logits[0] if self._keep else out.logits[0][step.logits_rows]
         finally:
             CURRENT.reset(token)
         for seg in step.segments:
             seg.slot.length = seg.past + seg.rows
-        logits = out.logits[0]
-        return logits if self._keep else logits[step.logits_rows]
+        return logits
 
 
 class CacheSlot:
@@ -149,17 +158,43 @@ class SequentialRunner:
         return torch.cat(parts)
 
 
-def probe(model, attention: str = "torch") -> KVLayout:
-    """Check that `model` computes the same logits through the ragged attention (`attention`:
-    its torch or Triton implementation) as through its own, and read its per-layer KV shapes.
-    Raises RuntimeError saying why it cannot batch."""
-    register_attention()
+def _probe_inputs(model) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The probe's token ids, positions, and the model's own logits for them."""
     device = next(model.parameters()).device
     vocab = model.get_output_embeddings().weight.shape[0]
     ids = torch.arange(PROBE_TOKENS, device=device) * 997 % max(vocab - 1, 1) + 1
     positions = torch.arange(PROBE_TOKENS, device=device)
     with torch.inference_mode():
         reference = model(input_ids=ids.unsqueeze(0), position_ids=positions.unsqueeze(0), use_cache=False).logits[0]
+    return ids, positions, reference
+
+
+def _check(runner: BatchedRunner, ids: torch.Tensor, positions: torch.Tensor, reference: torch.Tensor) -> None:
+    """Run the probe through `runner` as the engine does (a first chunk, then the rest as one
+    multi-row step over the cache); RuntimeError if its logits differ from `reference`."""
+    device = ids.device
+    slot = Slot(runner.layout, PROBE_TOKENS, device)
+    rest = PROBE_TOKENS - PROBE_SPLIT
+    runner.forward(StepInputs(ids[:PROBE_SPLIT], positions[:PROBE_SPLIT], [Segment(slot, 0, PROBE_SPLIT, 0)],
+                              torch.tensor([PROBE_SPLIT - 1], device=device)))
+    got = runner.forward(StepInputs(ids[PROBE_SPLIT:], positions[PROBE_SPLIT:],
+                                    [Segment(slot, 0, rest, PROBE_SPLIT)], torch.arange(rest, device=device)))
+    want = reference[PROBE_SPLIT:].float()
+    scale = want.abs().max().clamp_min(1e-6)
+    err = float((got.float() - want).abs().max() / scale)
+    tolerance = 1e-3 if reference.dtype == torch.float32 else 5e-2
+    if not err <= tolerance:
+        raise RuntimeError(f"its logits through the {'lean forward' if runner.lean else 'ragged attention'} differ "
+                           f"from its own by {err:.2g} (relative; tolerance {tolerance})")
+
+
+def probe(model, attention: str = "torch") -> KVLayout:
+    """Check that `model` computes the same logits through the ragged attention (`attention`:
+    its torch or Triton implementation) as through its own, and read its per-layer KV shapes.
+    Raises RuntimeError saying why it cannot batch."""
+    register_attention()
+    ids, positions, reference = _probe_inputs(model)
+    with torch.inference_mode():
         discovery = Discovery()
         token = CURRENT.set(discovery)
         try:
@@ -176,22 +211,28 @@ def probe(model, attention: str = "torch") -> KVLayout:
         raise RuntimeError(f"{len(discovery.shapes)} of its {num_layers} layers went through the attention "
                            "interface")
     layout = KVLayout(tuple(discovery.shapes[i] for i in range(len(discovery.shapes))))
-    # The real path: a first chunk, then the rest as one multi-row step over the cache.
-    runner = BatchedRunner(model, layout, attention)
-    slot = Slot(layout, PROBE_TOKENS, device)
-    rest = PROBE_TOKENS - PROBE_SPLIT
-    runner.forward(StepInputs(ids[:PROBE_SPLIT], positions[:PROBE_SPLIT], [Segment(slot, 0, PROBE_SPLIT, 0)],
-                              torch.tensor([PROBE_SPLIT - 1], device=device)))
-    got = runner.forward(StepInputs(ids[PROBE_SPLIT:], positions[PROBE_SPLIT:],
-                                    [Segment(slot, 0, rest, PROBE_SPLIT)], torch.arange(rest, device=device)))
-    want = reference[PROBE_SPLIT:].float()
-    scale = want.abs().max().clamp_min(1e-6)
-    err = float((got.float() - want).abs().max() / scale)
-    tolerance = 1e-3 if reference.dtype == torch.float32 else 5e-2
-    if not err <= tolerance:
-        raise RuntimeError(f"its logits through the ragged attention differ from its own by {err:.2g} "
-                           f"(relative; tolerance {tolerance})")
+    _check(BatchedRunner(model, layout, attention), ids, positions, reference)
     return layout
+
+
+def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
+    """`runner` through the lean forward (engine/lean.py) when the model has its shape and the
+    probe's logits agree with the model's own; else `runner` as it was (logged, with why)."""
+    model = runner.model
+    name = getattr(model.config, "model_type", type(model).__name__)
+    lean, why = LeanForward.build(model, pack)
+    if lean is None:
+        log.info("model %s runs its own forward (the lean forward does not serve it: %s)", name, why)
+        return runner
+    lean_runner = BatchedRunner(model, runner.layout, runner.attention, lean)
+    try:
+        ids, positions, reference = _probe_inputs(model)
+        _check(lean_runner, ids, positions, reference)
+    except Exception as e:  # any failure keeps the model's own forward
+        log.warning("model %s: the lean forward failed its check (%s); running the model's own forward", name, e)
+        lean.release()
+        return runner
+    return lean_runner
 
 
 def estimate_layout(model) -> KVLayout:
@@ -207,19 +248,24 @@ def estimate_layout(model) -> KVLayout:
     return KVLayout(tuple(shapes))
 
 
-def make_runner(model, kernel_backend: str = "auto") -> BatchedRunner | SequentialRunner:
+def make_runner(model, kernel_backend: str = "auto", lean: bool = False,
+                pack: bool = False) -> BatchedRunner | SequentialRunner:
     """The batched runner if the model passes the probe, with the Triton attention where
-    `kernel_backend` picks it (attention_backend) and it passes too; else the sequential
-    runner. Every fallback is logged with its reason."""
+    `kernel_backend` picks it (attention_backend) and it passes too, and through the lean
+    forward where `lean` asks for it and it passes (with its linear layers prepacked where
+    `pack`); else the sequential runner. Every fallback is logged with its reason."""
     name = getattr(model.config, "model_type", type(model).__name__)
     attention = attention_backend(kernel_backend, next(model.parameters()).device)
+    runner = None
     if attention == "triton":
         try:
-            return BatchedRunner(model, probe(model, "triton"), "triton")
+            runner = BatchedRunner(model, probe(model, "triton"), "triton")
         except Exception as e:  # a kernel that does not compile or does not match: the torch path
             log.warning("model %s: the Triton attention failed its check (%s); using the torch attention", name, e)
-    try:
-        return BatchedRunner(model, probe(model))
-    except Exception as e:  # any failure of the probe means: do not batch this model
-        log.warning("model %s cannot run batched (%s); decoding one sequence at a time", name, e)
-        return SequentialRunner(model, estimate_layout(model))
+    if runner is None:
+        try:
+            runner = BatchedRunner(model, probe(model))
+        except Exception as e:  # any failure of the probe means: do not batch this model
+            log.warning("model %s cannot run batched (%s); decoding one sequence at a time", name, e)
+            return SequentialRunner(model, estimate_layout(model))
+    return with_lean(runner, pack) if lean else runner

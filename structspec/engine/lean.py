@@ -1,0 +1,187 @@
+"""A lean forward pass for Llama-shaped decoder models: the same arithmetic as transformers',
+in about half the operator calls.
+
+A decode or verification pass over a few rows is launch-bound on a CPU: each of the model's
+~60 operator calls per layer costs microseconds of dispatch whatever its size (issue 31's
+profile). This forward runs the model's own weights with fewer calls: q, k and v projected by
+one GEMM over their concatenated weights, gate and up by another, rotary embeddings applied to
+queries and keys together, the layer loop in one function rather than through nested modules.
+Attention is structspec's ragged attention (kv_cache.py), called as the model's own modules
+call it. The arithmetic is transformers' Llama code step by step (RMSNorm in fp32 rounded back
+before its weight, rotary in the model's dtype), so in bf16 the logits are bit-identical to the
+model's own forward through the same attention; in fp32 the fused GEMMs sum in another order
+(last bits). runner.probe checks it against the model's own forward at start-up and keeps the
+model's forward when it differs.
+
+Served: decoder layers shaped like transformers' LlamaDecoderLayer (q/k/v/o projections, a
+gated SiLU MLP, RMSNorm before attention and MLP, rotary from the model's `rotary_emb`), with
+or without biases on any projection, no per-head q/k norms, no sliding window. Anything else: the
+model's own forward. The concatenated weights replace the projections' own (these become
+views into them), so memory does not grow.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from structspec.engine.kv_cache import ragged_attention
+from structspec.engine.packed import PackedLinear, can_pack, pack_linears, unpack_linears
+
+ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PARTS = ("gate_proj", "up_proj", "down_proj")
+LINEAR = (nn.Linear, PackedLinear)
+
+
+def unsupported(model) -> str | None:
+    """None if `model` can run the lean forward; else why not."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if inner is None or layers is None or not len(layers):
+        return "no decoder layers at model.model.layers"
+    for name in ("embed_tokens", "norm", "rotary_emb"):
+        if not hasattr(inner, name):
+            return f"no model.model.{name}"
+    if getattr(model, "lm_head", None) is None:
+        return "no lm_head"
+    cfg = model.config
+    if getattr(cfg, "hidden_act", None) != "silu":
+        return f"activation {getattr(cfg, 'hidden_act', None)!r} (the lean forward has SiLU)"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "tensor-parallel slicing (pretraining_tp > 1)"
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None:
+            return "a layer without self_attn and mlp"
+        if not all(isinstance(getattr(attn, p, None), LINEAR) for p in ATTENTION_PARTS):
+            return "attention projections other than q/k/v/o linear layers"
+        if not all(isinstance(getattr(mlp, p, None), LINEAR) for p in MLP_PARTS):
+            return "an MLP other than gate/up/down linear layers"
+        for extra in ("q_norm", "k_norm", "sinks"):
+            if getattr(attn, extra, None) is not None:
+                return f"attention with {extra}"
+        if getattr(attn, "sliding_window", None) is not None:
+            return "sliding-window attention"
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            n = getattr(layer, norm, None)
+            if n is None or not hasattr(n, "variance_epsilon") or getattr(n, "weight", None) is None:
+                return f"no RMSNorm {norm}"
+        if set(name for name, _ in layer.named_children()) - {"self_attn", "mlp", "input_layernorm",
+                                                               "post_attention_layernorm"}:
+            return "layers with modules beyond attention, MLP and two norms"
+    return None
+
+
+def _fuse(parts: list[nn.Linear]) -> nn.Linear:
+    """One linear layer over `parts`' concatenated weights (and biases); each part's weight and
+    bias become views into it, so the model's own forward keeps working on the same memory."""
+    weight = torch.cat([p.weight.detach() for p in parts])
+    has_bias = [p.bias is not None for p in parts]
+    bias = None
+    if any(has_bias):
+        bias = torch.cat([p.bias.detach() if p.bias is not None else
+                          torch.zeros(p.out_features, dtype=weight.dtype, device=weight.device) for p in parts])
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if bias is not None:
+        fused.bias = nn.Parameter(bias, requires_grad=False)
+    at = 0
+    for p, with_bias in zip(parts, has_bias):
+        n = p.out_features
+        p.weight = nn.Parameter(weight[at:at + n], requires_grad=False)
+        if with_bias:
+            p.bias = nn.Parameter(fused.bias[at:at + n], requires_grad=False)
+        at += n
+    return fused
+
+
+class LeanLayer:
+    """One decoder layer's weights as the lean forward reads them. The layer's own projections
+    are left plain (any packed copy of theirs freed) and their weights made views of the fused
+    ones; the lean forward packs its own (engine/packed.py) when `pack`."""
+
+    def __init__(self, layer, pack: bool):
+        unpack_linears(layer)
+        attn, mlp = layer.self_attn, layer.mlp
+        wrap = PackedLinear if pack else (lambda linear: linear)
+        self.attn = attn
+        self.qkv = wrap(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
+        self.o = wrap(attn.o_proj)
+        self.gate_up = wrap(_fuse([mlp.gate_proj, mlp.up_proj]))
+        self.down = wrap(mlp.down_proj)
+        self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
+        self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
+        self.intermediate = mlp.gate_proj.out_features
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, bit for bit: normalised in fp32, rounded to x's dtype, then
+    scaled by the weight in that dtype."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
+
+
+class LeanForward:
+    """`model`'s forward for packed rows, in fewer operator calls (module docstring). Build with
+    `build()`, which says why a model cannot run it."""
+
+    def __init__(self, model, pack: bool):
+        inner = model.model
+        cfg = model.config
+        self.model = model
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm, self.eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.lm_head = model.lm_head
+        first = inner.layers[0].self_attn
+        self.heads = cfg.num_attention_heads
+        self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        self.layers = [LeanLayer(layer, pack) for layer in inner.layers]
+        self.packed = pack
+
+    @classmethod
+    def build(cls, model, pack: bool) -> tuple["LeanForward | None", str]:
+        """(the lean forward, "") or (None, why not)."""
+        why = unsupported(model)
+        if why is not None:
+            return None, why
+        pack = pack and can_pack(model) is None
+        return cls(model, pack), ""
+
+    def packed_linears(self) -> int:
+        """Linear layers this forward runs through prepacked weights (the fused ones count once)."""
+        layers = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        return sum(isinstance(m, PackedLinear) for m in layers + [self.lm_head])
+
+    def release(self) -> None:
+        """Give the model's layers back to its own forward: their projections packed again where
+        the lean forward had taken their packing over (their weights stay views of the fused)."""
+        if self.packed:
+            for layer in self.model.model.layers:
+                pack_linears(layer)
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
+        """Logits [R, V] of `logits_rows` of the packed rows (input_ids, positions: [T]); the
+        attention reads the step set in kv_cache.CURRENT."""
+        x = self.embed(input_ids)
+        rows = x.shape[0]
+        cos, sin = self.rotary(x, positions.unsqueeze(0))
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, D], x's dtype
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        half, qk_width = d // 2, (h + kvh) * d
+        for layer in self.layers:
+            qkv = layer.qkv(rms_norm(x, layer.norm1, layer.eps1))
+            qk = qkv[:, :qk_width].view(rows, h + kvh, d)
+            qk = qk * cos + torch.cat((-qk[..., half:], qk[..., :half]), dim=-1) * sin
+            query = qk[:, :h].transpose(0, 1).unsqueeze(0)
+            key = qk[:, h:].transpose(0, 1).unsqueeze(0)
+            value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
+            out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
+            x = x + layer.o(out.reshape(rows, -1))
+            gate_up = layer.gate_up(rms_norm(x, layer.norm2, layer.eps2))
+            x = x + layer.down(F.silu(gate_up[:, :layer.intermediate]) * gate_up[:, layer.intermediate:])
+        return self.lm_head(rms_norm(x[logits_rows], self.norm, self.eps))
