@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 Box = tuple[float, float, float, float]
 
@@ -77,6 +78,34 @@ class Document:
             return {}
         located = {pointer: self.locate(*span) for pointer, span in spans.items() if span is not None}
         return {pointer: places for pointer, places in located.items() if places}
+
+
+# --- reading order, shared by the formats -----------------------------------------------------
+
+class Placed(Protocol):
+    x0: float  # left edge
+    y0: float  # top
+    y1: float  # bottom
+
+
+L = TypeVar("L", bound=Placed)
+
+
+def rows(lines: list[L]) -> list[list[L]]:
+    """Lines grouped into rows (their vertical middles within half the smaller height of each
+    other), top to bottom, each row left to right."""
+    out: list[list[L]] = []
+    for line in sorted(lines, key=lambda ln: ((ln.y0 + ln.y1) / 2, ln.x0)):
+        mid, h = (line.y0 + line.y1) / 2, line.y1 - line.y0
+        if out:
+            last = out[-1]
+            last_mid = sum((ln.y0 + ln.y1) / 2 for ln in last) / len(last)
+            last_h = min(ln.y1 - ln.y0 for ln in last)
+            if abs(mid - last_mid) <= max(min(h, last_h), 1.0) / 2:
+                last.append(line)
+                continue
+        out.append([line])
+    return [sorted(row, key=lambda ln: ln.x0) for row in out]
 
 
 # --- stored with a job: the layout without the text (the job stores that) ---------------------

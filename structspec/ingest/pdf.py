@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from structspec.ingest.document import Box, CharPlace, Document, IngestError, Page
+from structspec.ingest.document import Box, CharPlace, Document, IngestError, Page, rows
 
 MEDIA_TYPE = "application/pdf"
 
@@ -52,8 +52,8 @@ def read_pdf(data: bytes, max_pages: int) -> Document:
             if parts:  # a blank line between pages
                 parts.append("\n\n")
                 places += [None, None]
-            rows = _rows(_lines(page, height))
-            for r, row in enumerate(rows):
+            page_rows = rows(_lines(page, height))
+            for r, row in enumerate(page_rows):
                 if r:
                     parts.append("\n")
                     places.append(None)
@@ -110,20 +110,3 @@ def _close(chars, lines: list[_Line]) -> None:
     boxes = [b for _, b in chars if b is not None]
     if boxes:
         lines.append(_Line(chars, min(b[0] for b in boxes), min(b[1] for b in boxes), max(b[3] for b in boxes)))
-
-
-def _rows(lines: list[_Line]) -> list[list[_Line]]:
-    """Lines grouped into rows (their vertical middles within half the smaller height of each
-    other), top to bottom, each row left to right."""
-    rows: list[list[_Line]] = []
-    for line in sorted(lines, key=lambda ln: ((ln.y0 + ln.y1) / 2, ln.x0)):
-        mid, h = (line.y0 + line.y1) / 2, line.y1 - line.y0
-        if rows:
-            last = rows[-1]
-            last_mid = sum((ln.y0 + ln.y1) / 2 for ln in last) / len(last)
-            last_h = min(ln.y1 - ln.y0 for ln in last)
-            if abs(mid - last_mid) <= max(min(h, last_h), 1.0) / 2:
-                last.append(line)
-                continue
-        rows.append([line])
-    return [sorted(row, key=lambda ln: ln.x0) for row in rows]
