@@ -104,9 +104,11 @@ bench-kernels: install
 bench-bound: install
 	$(PY) -m structspec.bench.bound --profile --out bench-out/bound.json
 
-# Invoices as users have them (../shared/data/invoices: PDFs and scans): ingestion time per page,
-# what could not be read and why, field accuracy of the default model (or STRUCTSPEC_MODEL) with
-# schemas/invoice-document.json, and how many string values got a box on the page. ~1 min.
+# Invoices as users have them (../shared/data/invoices: PDFs and scans): ingestion time per page
+# (text layer and OCR apart), what could not be read and why, the OCR engines compared (Tesseract
+# and rapidocr, where installed: bench/ocr.py), field accuracy of the default model (or
+# STRUCTSPEC_MODEL) with schemas/invoice-document.json, and how many string values got a box on
+# the page. ~3 min.
 bench-documents: install
 	$(PY) -m structspec.bench.documents --out bench-out/documents
 
