@@ -27,7 +27,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job end to end (API server + Celery worker on SQLite and the embedded broker,
-# a batch of e-mails whose senders it extracts), then the same engine straight from the CLI.
+# a batch of e-mails whose senders it extracts; then a PDF and a scan, read by OCR, each value
+# with its page and box), then the same engine straight from the CLI.
 demo: install
 	$(VENV)/bin/structspec demo
 	$(VENV)/bin/structspec extract --schema schemas/contact.json examples/contact-tideway.txt --spans --stats
