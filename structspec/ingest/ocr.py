@@ -77,12 +77,14 @@ def find_lines(image: Image, dpi: float | None = None) -> list[Line]:
     from PIL import Image
 
     exe = engine()
-    grey = image.convert("L")  # Tesseract binarises grey anyway
+    # in colour: Tesseract's own grey conversion keeps text that Pillow's luma turns to the
+    # grey of its background (an invoice here lost its coloured table rows)
+    rgb = image.convert("RGB")
     k = enlargement(image, dpi)
     if k > 1:
-        grey = grey.resize((grey.width * k, grey.height * k), Image.Resampling.LANCZOS)
+        rgb = rgb.resize((rgb.width * k, rgb.height * k), Image.Resampling.LANCZOS)
     buf = io.BytesIO()
-    grey.save(buf, "PPM")  # uncompressed: nothing to encode or decode
+    rgb.save(buf, "PPM")  # uncompressed: nothing to encode or decode
     cmd = [exe, "stdin", "stdout", "-l", LANGUAGE, *(["--dpi", str(round(dpi * k))] if dpi else []), "tsv"]
     try:
         out = subprocess.run(cmd, input=buf.getvalue(), capture_output=True, timeout=TIMEOUT_S)

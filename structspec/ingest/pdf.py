@@ -102,7 +102,7 @@ def _draws(page) -> bool:
 
 def _read_scan(page, number: int, first_line: int) -> tuple[str, list[CharPlace | None]]:
     """A page without a text layer, rendered and read by OCR: its text, and boxes in points."""
-    image = page.render(scale=OCR_SCALE, grayscale=True).to_pil()
+    image = page.render(scale=OCR_SCALE).to_pil()
     return ocr.page_text(ocr.find_lines(image, dpi=72 * OCR_SCALE), number, first_line, OCR_SCALE)
 
 

@@ -167,6 +167,16 @@ def test_a_jpeg_turned_by_its_exif_orientation_gets_boxes_on_the_upright_image(t
     assert_same_box([v / SCALE for v in got["box"]], [v / SCALE for v in want["box"]], "Azure Interior")
 
 
+def test_coloured_text_as_bright_as_its_background_is_read(tesseract):
+    """Red ink on green of the same luma: a grey conversion by brightness leaves a blank page."""
+    top = render(AZURE, crop=0.2).convert("L")
+    red, green = Image.new("RGB", top.size, (200, 0, 0)), Image.new("RGB", top.size, (0, 102, 0))
+    coloured = Image.composite(green, red, top)  # the page's white becomes green, its ink red
+    assert coloured.convert("L").getextrema() == (59, 60)
+    doc = ingest(encoded(coloured, "PNG", dpi=(216, 216)))
+    assert "Azure Interior" in doc.text and "Global Wholesaler" in doc.text
+
+
 def test_an_image_or_a_scanned_pdf_without_text_is_refused_naming_the_file(tesseract):
     white = Image.new("RGB", (1240, 1754), "white")
     with pytest.raises(IngestError, match="no text found in the image blank.png") as e:
