@@ -1,16 +1,17 @@
 """OCR: the words of a page image with their boxes, laid out as a page of a Document.
 
 The engine is Tesseract 5, run as the `tesseract` command, one process per page (its
-English model loads in ~0.1 s of the 2-4 s an A4 page takes on this 2-core CPU). It is a
+English model loads in ~0.1 s of the 2-6 s an invoice page took on this 2-core CPU). It is a
 system package, not a wheel: Debian's `tesseract-ocr` (which brings the English model,
 `tesseract-ocr-eng`); `make install` cannot install it and says so. Without it, images and
-scanned PDF pages are refused (415) naming the package.
+scanned PDF pages are refused (415) naming the package. What is kept per process is the
+checked path of the command (engine()); the model loads with each page's process.
 
 It was picked over rapidocr-onnxruntime 1.4.4 (PaddleOCR's PP-OCRv4 models on onnxruntime,
 a pip wheel) on the invoices of ../shared/data (structspec/bench/ocr.py, docs/benchmarks.md):
-rapidocr's recogniser runs English words together ("OfficeChair"), so it kept 0.46 of the
-text layer's words to Tesseract's 0.92, and 115 of 134 expected field values to 132, in
-6.6 s a page to 3.6.
+rapidocr's recogniser runs English words together ("OfficeChair"), so it kept 0.47 of the
+text layer's words to Tesseract's 0.94, and 120 of 134 expected field values to 133, in
+6.4 s a page to 4.0.
 
 Tesseract gives a box per word. Each character gets a slice of its word's box proportional
 to its position in the word: the box cut into as many equal columns as the word has
@@ -35,8 +36,8 @@ from structspec.ingest.document import Box, CharPlace, IngestError, rows
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-MAX_PAGES = 20  # pages read by OCR per document: it runs while the request waits, ~1 min for 20 here
-TIMEOUT_S = 120  # one page; an A4 page takes 2-4 s here
+MAX_PAGES = 20  # pages read by OCR per document: it runs while the request waits, ~1.5 min for 20 here
+TIMEOUT_S = 120  # one page; an invoice page takes 2-6 s here
 LANGUAGE = "eng"
 INSTALL = "install Tesseract (Debian: apt-get install tesseract-ocr)"
 
