@@ -1,7 +1,7 @@
 """OCR: the words of a page image with their boxes, laid out as a page of a Document.
 
-The engine is Tesseract 5, run as the `tesseract` command, one process per page (its
-English model loads in ~0.1 s of the 2-6 s an invoice page took on this 2-core CPU). It is a
+The engine is Tesseract 5, run as the `tesseract` command, one single-threaded process per
+page (its English model loads in ~0.1 s of the 1-2 s an invoice page takes on this 2-core CPU). It is a
 system package, not a wheel: Debian's `tesseract-ocr` (which brings the English model,
 `tesseract-ocr-eng`); `make install` cannot install it and says so. Without it, images and
 scanned PDF pages are refused (415) naming the package. What is kept per process is the
@@ -11,7 +11,7 @@ It was picked over rapidocr-onnxruntime 1.4.4 (PaddleOCR's PP-OCRv4 models on on
 a pip wheel) on the invoices of ../shared/data (structspec/bench/ocr.py, docs/benchmarks.md):
 rapidocr's recogniser runs English words together ("OfficeChair"), so it kept 0.47 of the
 text layer's words to Tesseract's 0.94, and 120 of 134 expected field values to 133, in
-6.4 s a page to 4.0.
+4.2 s a page to 1.5 (one thread each).
 
 Tesseract gives a box per word. Each character gets a slice of its word's box proportional
 to its position in the word: the box cut into as many equal columns as the word has
@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -36,9 +37,14 @@ from structspec.ingest.document import Box, CharPlace, IngestError, rows
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-MAX_PAGES = 20  # pages read by OCR per document: it runs while the request waits, ~1.5 min for 20 here
-TIMEOUT_S = 120  # one page; an invoice page takes 2-6 s here
+MAX_PAGES = 20  # pages read by OCR per document: it runs while the request waits, ~30 s for 20 here
+TIMEOUT_S = 120  # one page; an invoice page takes 1-3 s here
 LANGUAGE = "eng"
+# One OpenMP thread: Tesseract's threads spin while they wait, and beside other work on this
+# 2-core CPU a page took 2.9 s with its default threads against 0.7 s with one. Concurrent
+# requests then OCR side by side, a core each.
+ENV = {**os.environ, "OMP_THREAD_LIMIT": "1"}
+ENLARGED_MAX_PIXELS = 50_000_000  # an image is enlarged only while it stays under this
 INSTALL = "install Tesseract (Debian: apt-get install tesseract-ocr)"
 
 
@@ -88,7 +94,7 @@ def find_lines(image: Image, dpi: float | None = None) -> list[Line]:
     rgb.save(buf, "PPM")  # uncompressed: nothing to encode or decode
     cmd = [exe, "stdin", "stdout", "-l", LANGUAGE, *(["--dpi", str(round(dpi * k))] if dpi else []), "tsv"]
     try:
-        out = subprocess.run(cmd, input=buf.getvalue(), capture_output=True, timeout=TIMEOUT_S)
+        out = subprocess.run(cmd, input=buf.getvalue(), capture_output=True, timeout=TIMEOUT_S, env=ENV)
     except subprocess.TimeoutExpired:
         raise IngestError(422, f"OCR gave up on a page after {TIMEOUT_S} s") from None
     if out.returncode != 0:
@@ -101,7 +107,7 @@ def enlargement(image: Image, dpi: float | None) -> int:
     an A4 page at 150 dpi), else 1. Tesseract reads small print better enlarged: a 96-dpi
     invoice here went from 0.76 to 0.93 of its OCR words right."""
     low = dpi < 150 if dpi else image.width < 1240
-    return 2 if low else 1
+    return 2 if low and 4 * image.width * image.height <= ENLARGED_MAX_PIXELS else 1
 
 
 def parse_tsv(tsv: str, k: int = 1) -> list[Line]:
