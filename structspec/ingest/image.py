@@ -70,7 +70,10 @@ def frames(data: bytes, kind: str, max_pages: int | None = None) -> Iterator[tup
         raise
     except Image.DecompressionBombError as e:
         raise IngestError(413, f"the image is too large to read: {e}") from None
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError, zlib.error) as e:
+    except UnidentifiedImageError:
+        raise IngestError(422, f"the image cannot be read: Pillow does not recognise it (corrupt or not a {label})") \
+            from None
+    except (OSError, SyntaxError, ValueError, EOFError, zlib.error) as e:
         raise IngestError(422, f"the image cannot be read: {str(e).rstrip('.') or type(e).__name__} "
                                f"(corrupt or not a {label})") from None
 
