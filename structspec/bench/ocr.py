@@ -16,12 +16,12 @@ slower on this 2-core machine beside other work: Tesseract 2.9 s a page against 
 Accuracy, against text nobody typed for the test:
 - words (rendered pages): the words of the page's text layer (case-folded, stripped of
   surrounding punctuation) that the OCR text holds, counted with repeats (recall), and the
-  share of the OCR words that are text-layer words (precision); `words_ignoring_spaces`: text
-  -layer words found in the OCR text with all its whitespace removed (an engine that runs
+  share of the OCR words that are text-layer words (precision); `recall_ignoring_spaces`:
+  text-layer words found in the OCR text with all its whitespace removed (an engine that runs
   words together loses words but not these).
 - fields (every page with NAME.json): of the expected values that the PDF NAME.pdf's text
   layer holds as written (strings; ISO dates in the usual spellings; amounts as numbers),
-  how many the OCR text holds; `fields_ignoring_spaces` compares without whitespace.
+  how many the OCR text holds; `found_ignoring_spaces` compares without whitespace.
 """
 
 from __future__ import annotations
@@ -35,12 +35,13 @@ import shutil
 import statistics
 import string
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+
+from structspec.bench.documents import expected_of
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -186,14 +187,6 @@ class RapidLine:
 
 
 # --- pages ---------------------------------------------------------------------------------------
-
-def expected_of(path: Path) -> dict | None:
-    gold = path.with_suffix(".json")
-    if not gold.exists():
-        return None
-    value = json.loads(gold.read_text())
-    return value[0] if isinstance(value, list) else value
-
 
 def text_layer(pdf_path: Path, page: int = 0) -> str | None:
     """Page `page`'s text layer (PDFium's text, in drawing order), or None without the PDF."""
