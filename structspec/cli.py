@@ -31,7 +31,7 @@ def read_json_file(path: str, what: str):
 
 def read_source(path: str):
     """The document in file `path` ('-': stdin) as structspec.ingest reads it: text, or a PDF's
-    text layer with each character's page and box."""
+    or an image's text (its text layer, or OCR) with each character's page and box."""
     from structspec.ingest import IngestError, ingest
 
     try:
@@ -582,15 +582,17 @@ def add_extract_command(sub, defaults: Settings) -> None:
                                    "With --stats, a JSON line on the engine (model, dtype and why), then one of decoding statistics per document, go to stderr.")
     p.add_argument("--schema", required=True, help="JSON Schema file")
     p.add_argument("documents", nargs="+", metavar="DOC",
-                   help="text files or PDFs with a text layer, told apart by their first bytes ('-' for stdin)")
+                   help="text files, PDFs or images (PNG, JPEG, TIFF: read by OCR, as are PDF pages without "
+                        "a text layer), told apart by their first bytes ('-' for stdin)")
     p.add_argument("--stats", action="store_true", help="print decoding statistics per document to stderr")
     p.add_argument("--spans", action="store_true",
                    help='print {"result", "spans", "confidence"} per document: where each string of the result '
                         "occurs in the document, and the model's token probabilities per value (by JSON Pointer); "
-                        'for a PDF also "boxes": each span\'s page and box ([x0, y0, x1, y1] in points from the '
-                        "page's top-left corner, one box per line the value covers)")
+                        'for a PDF or an image also "boxes": each span\'s page and box ([x0, y0, x1, y1] from the '
+                        "page's top-left corner, in points for a PDF, pixels for an image; one box per line the "
+                        "value covers)")
     p.add_argument("--overlay", type=Path, metavar="DIR",
-                   help="with --spans: draw each PDF's boxes on its pages, one PNG per page in DIR")
+                   help="with --spans: draw each PDF's or image's boxes on its pages, one PNG per page in DIR")
     p.add_argument("--chunking", choices=["auto", "off"], default="off",
                    help="auto: a document longer than the model's context is split into overlapping chunks at "
                         "paragraph and line boundaries, extracted together and merged by the schema (objects field "

@@ -4,8 +4,9 @@ Starts `structspec serve` and one `structspec worker` as subprocesses (SQLite da
 kombu's SQLAlchemy broker in a temporary directory), registers schemas/contact.json, submits
 examples/contact-*.txt as one batch, shows progress on stderr, prints the NDJSON results
 (value, source spans, confidence) on stdout and each value's grounding as a table on stderr,
-then extracts examples/invoice-azure-interior.pdf with `structspec extract` (each value's page
-and box; the boxes drawn on the page in demo-out/overlay/), and stops both processes (also on Ctrl-C, SIGTERM or an error). Exit status 0 once the
+then extracts examples/invoice-azure-interior.pdf and the scan examples/invoice-oyo-scan.png
+(read by OCR) with `structspec extract` (each value's page and box; the boxes drawn on the page
+in demo-out/overlay/), and stops both processes (also on Ctrl-C, SIGTERM or an error). Exit status 0 once the
 batch has finished, whatever the model made of each document (a failed one is explained); 1
 when the service itself fails.
 """
@@ -29,9 +30,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # Documents the 135M default model reads correctly (most it does not: README, "Quick start").
 # The schema asks for verbatim values (x-structspec-verbatim), so every string is a span.
 DEMO_SCHEMA, DEMO_DOCUMENTS = "contact.json", "contact-*.txt"
-# A PDF through `structspec extract` (the API takes text so far): each string value with the page
-# and box it was read from, and those boxes drawn on the page (PNG) so a person can check them.
-PDF_SCHEMA, PDF_DOCUMENT, OVERLAY_DIR = "invoice.json", "invoice-azure-interior.pdf", Path("demo-out") / "overlay"
+# A PDF and a scan (an image, read by OCR) through `structspec extract`: each string value with the
+# page and box it was read from, and those boxes drawn on the page (PNG) so a person can check them.
+FILE_SCHEMA, OVERLAY_DIR = "invoice.json", Path("demo-out") / "overlay"
+FILE_DOCUMENTS = {"invoice-azure-interior.pdf": "a PDF", "invoice-oyo-scan.png": "a scan (read by OCR)"}
+UNITS = {".pdf": "points from the page's top-left corner", ".png": "pixels from the image's top-left corner"}
 
 
 def free_port() -> int:
@@ -134,7 +137,8 @@ def run_demo(args) -> int:
             stats.raise_for_status()
             for line in acceptance_summary(stats.json()):
                 say(line)
-        pdf_demo(env, deadline, say)
+        for name, what in FILE_DOCUMENTS.items():
+            file_demo(ROOT / "examples" / name, what, env, deadline, say)
         say(f"done: batch {batch['status']}")
         failed = batch["counts"]["failed"] + batch["counts"]["cancelled"]
         if failed:  # the service worked; the model did not get every document right
@@ -156,24 +160,23 @@ def run_demo(args) -> int:
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def pdf_demo(env: dict[str, str], deadline: float, say) -> None:
-    """examples/invoice-*.pdf through `structspec extract --spans --overlay`: each value, its
-    page and box, and the overlay PNG written."""
-    pdf = ROOT / "examples" / PDF_DOCUMENT
-    say(f"a PDF: {pdf.relative_to(ROOT)} through `structspec extract --verbatim --spans --overlay {OVERLAY_DIR}`")
-    run = subprocess.run([sys.executable, "-m", "structspec.cli", "extract", "--schema", str(ROOT / "schemas" / PDF_SCHEMA),
-                          str(pdf), "--verbatim", "--spans", "--overlay", str(OVERLAY_DIR), "--max-tokens", "200"],
+def file_demo(path: Path, what: str, env: dict[str, str], deadline: float, say) -> None:
+    """A file of examples/ (a PDF, an image) through `structspec extract --spans --overlay`: each
+    value, its page and box, and the overlay PNG written."""
+    say(f"{what}: {path.relative_to(ROOT)} through `structspec extract --verbatim --spans --overlay {OVERLAY_DIR}`")
+    run = subprocess.run([sys.executable, "-m", "structspec.cli", "extract", "--schema", str(ROOT / "schemas" / FILE_SCHEMA),
+                          str(path), "--verbatim", "--spans", "--overlay", str(OVERLAY_DIR), "--max-tokens", "200"],
                          env=env, capture_output=True, text=True, timeout=max(deadline - time.monotonic(), 30))
     for line in run.stderr.splitlines():
         if "overlay" in line or "error" in line:
             say(line.removeprefix("structspec: "))
     if run.returncode != 0 or not run.stdout.strip():
-        say(f"the PDF did not come out (exit {run.returncode}): the 135M model often fails on invoices")
+        say(f"{path.name} did not come out (exit {run.returncode}): the 135M model often fails on invoices")
         return
     line = json.loads(run.stdout)
     print(run.stdout.strip(), flush=True)
     boxes = line.get("boxes") or {}
-    say(f"{pdf.name}: value, page, box [x0, y0, x1, y1] in points from the page's top-left corner")
+    say(f"{path.name}: value, page, box [x0, y0, x1, y1] in {UNITS[path.suffix]}")
     for ptr, value in leaves(line["result"]):
         where = "; ".join(f"page {b['page']} {b['box']}" for b in boxes.get(ptr, [])) or "(no box: not a span)"
         say(f"  {ptr:<16} {json.dumps(value, ensure_ascii=False):<28} {where}")

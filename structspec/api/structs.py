@@ -125,11 +125,13 @@ class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     document: Annotated[str, msgspec.Meta(
         pattern=NO_NUL, description="the text; no U+0000. Give this or `content`")] | None = None
     content: Annotated[str, msgspec.Meta(
-        description="the document's file, base64: a PDF with a text layer, or UTF-8 text (docs/api.md, "
-                    "Document formats). Give this or `document`")] | None = None
+        description="the document's file, base64: a PDF, an image (PNG, JPEG, TIFF; read by OCR, as are "
+                    "PDF pages without a text layer), or UTF-8 text (docs/api.md, Document formats). "
+                    "Give this or `document`")] | None = None
     media_type: Annotated[str, msgspec.Meta(
         max_length=200, pattern=NO_NUL,
-        description="the media type of `content` (application/pdf, text/plain); its first bytes decide first",
+        description="the media type of `content` (application/pdf, image/png, image/jpeg, image/tiff, "
+                    "text/plain); its first bytes decide first",
         examples=["application/pdf"])] | None = None
     options: JobOptions | None = None
 
@@ -173,7 +175,8 @@ class Confidence(msgspec.Struct, kw_only=True):
 class PageBox(msgspec.Struct, kw_only=True):
     page: Annotated[int, msgspec.Meta(description="1-based page number")]
     box: Annotated[list[float], msgspec.Meta(
-        description="[x0, y0, x1, y1] in PDF points from the page's top-left corner, y downwards")]
+        description="[x0, y0, x1, y1] from the page's top-left corner, y downwards: in PDF points for a PDF "
+                    "(its scanned pages too), in pixels for an image")]
 
 
 class JobRead(msgspec.Struct, kw_only=True):
@@ -194,8 +197,8 @@ class JobRead(msgspec.Struct, kw_only=True):
         description="per leaf of the result (by JSON Pointer): the target model's probabilities of the tokens "
                     "that wrote it, under the grammar's mask (see docs/api.md, Grounding)")] = None
     boxes: Annotated[dict[str, list[PageBox]] | None, msgspec.Meta(
-        description="for a document sent as a PDF, per span (by JSON Pointer): the page and box of each line the "
-                    "value covers (see docs/api.md, Document formats)")] = None
+        description="for a document sent as a PDF or an image, per span (by JSON Pointer): the page and box of "
+                    "each line the value covers (see docs/api.md, Document formats)")] = None
 
 
 class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

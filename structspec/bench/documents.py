@@ -2,11 +2,14 @@
 engine, against the fields their authors expect.
 
 For each file of the directory (default ../shared/data/invoices, `NAME.pdf|png` beside
-`NAME.json`): ingestion time per page, whether the file could be read at all (a scan needs OCR,
-which this version lacks: counted, with the reason), then one batched run of the engine over the
-readable ones with schemas/invoice-document.json in verbatim mode, and per field: exact matches
-with the expectation (strings compared after trimming and case folding, amounts to the cent),
-and what fraction of the string values got a box on the page.
+`NAME.json`): ingestion time per page, text-layer pages apart from pages read by OCR (a file
+with any OCR page counts under OCR: images, scanned PDFs), whether the file could be read at
+all (counted, with the reason: no tesseract installed, say), then the OCR engines compared on
+those pages (structspec/bench/ocr.py: Tesseract, which ingest uses, against rapidocr, each
+where installed), then one batched run of the engine over the readable files with
+schemas/invoice-document.json in verbatim mode, and per field: exact matches with the
+expectation (strings compared after trimming and case folding, amounts to the cent), and
+what fraction of the string values got a box on the page.
 """
 
 from __future__ import annotations
@@ -45,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="the model (default: STRUCTSPEC_MODEL or the default one)")
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", type=Path, default=Path("bench-out/documents"))
+    p.add_argument("--ocr-compare", action=argparse.BooleanOptionalAction, default=True,
+                   help="compare the OCR engines on the images and --ocr-pdf-pages rendered PDF pages")
+    p.add_argument("--ocr-pdf-pages", type=int, default=4,
+                   help="PDFs whose first page is rendered for the OCR comparison, besides the images")
     args = p.parse_args(argv)
 
+    from structspec.bench import ocr as ocr_bench
     from structspec.engine.engine import Engine, Request
     from structspec.ingest import IngestError, ingest
     from structspec.options import RequestOptions
@@ -67,7 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seconds = time.perf_counter() - t
         read.append({"file": f.name, "doc": doc, "pages": len(doc.pages), "ingest_s": seconds,
-                     "expected": expected_of(f)})
+                     "ocr": any(page.ocr for page in doc.pages), "expected": expected_of(f)})
+    engines = None
+    if args.ocr_compare:  # the images read by OCR, or refused for want of it, and a few rendered pages
+        known = {r["file"]: (r["doc"].text, r["ingest_s"]) for r in read if r["ocr"]}
+        wanted = set(known) | {x["file"] for x in refused if x["status"] == 415}
+        engines = ocr_bench.compare([page for page in ocr_bench.pages_of(args.dir, args.ocr_pdf_pages, 3.0)
+                                     if page["kind"] == "rendered" or page["page"] in wanted], known)
 
     settings = Settings.from_env(model=args.model)
     settings.apply_torch_threads()
@@ -92,23 +106,30 @@ def main(argv: list[str] | None = None) -> int:
             if value is not None and isinstance(value.get(name), str) and value[name]:
                 strings += 1
                 boxed += f"/{name}" in boxes
-        rows.append({"file": r["file"], "pages": r["pages"], "ingest_ms_per_page": round(1000 * r["ingest_s"] / r["pages"], 2),
+        rows.append({"file": r["file"], "pages": r["pages"], "ocr": r["ocr"],
+                     "ingest_ms_per_page": round(1000 * r["ingest_s"] / r["pages"], 2),
                      "status": res.status, "value": value, "expected": {k: (r["expected"] or {}).get(k) for k in fields},
                      "boxes": boxes})
     pages = sum(r["pages"] for r in read)
+    by_kind = {kind: [r for r in read if r["ocr"] == (kind == "ocr")] for kind in ("text_layer", "ocr")}
+    per_page = {f"{kind}_ms_per_page": round(1000 * sum(r["ingest_s"] for r in rs) / sum(r["pages"] for r in rs), 2)
+                if rs else None for kind, rs in by_kind.items()}
     report = {"model": engine.loaded.name, "dtype": str(engine.loaded.dtype), "schema": str(SCHEMA.relative_to(ROOT)),
               "files": len(files), "read": len(read), "refused": refused, "pages": pages,
-              "ingest_ms_per_page": round(1000 * sum(r["ingest_s"] for r in read) / max(pages, 1), 2),
-              "ocr": "not available in this version: scans and images are refused (see `refused`)",
+              "text_layer_pages": sum(r["pages"] for r in by_kind["text_layer"]),
+              "ocr_pages": sum(r["pages"] for r in by_kind["ocr"]), **per_page, "ocr_engines": engines,
               "extract_s": round(extract_s, 2), "succeeded": sum(res.status == "succeeded" for res in results),
               "per_field": {k: {**v, "accuracy": round(v["matched"] / v["expected"], 3) if v["expected"] else None}
                             for k, v in per_field.items()},
               "string_values": strings, "string_values_with_a_box": boxed, "documents": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "documents.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
-    names = ", ".join(f"{x['file']} ({x['status']})" for x in refused) or "none"
-    print(f"{len(read)} of {len(files)} files read ({pages} pages, {report['ingest_ms_per_page']} ms a page); "
-          f"refused: {names}")
+    names = ", ".join(f"{x['file']} ({x['status']}: {x['reason']})" for x in refused) or "none"
+    print(f"{len(read)} of {len(files)} files read ({pages} pages: {report['text_layer_pages']} from a text layer, "
+          f"{report['text_layer_ms_per_page']} ms a page; {report['ocr_pages']} by OCR, "
+          f"{report['ocr_ms_per_page']} ms a page); refused: {names}")
+    if engines is not None:
+        ocr_bench.print_table(engines)
     print(f"model {report['model']} ({report['dtype']}): {report['succeeded']}/{len(read)} succeeded in "
           f"{report['extract_s']} s; string values with a box: {boxed}/{strings}")
     print("| field | matched | expected | accuracy |\n|---|---|---|---|")

@@ -2,15 +2,18 @@
 page and box where the format has pages (document.py: Document).
 
 One function, `ingest`, below the API, the CLI and the worker; one small module per format
-(pdf.py). Formats are recognised by their magic bytes first, then the media type or file
-name given with them.
+(pdf.py, image.py), and ocr.py for what has no text layer (images, scanned PDF pages).
+Formats are recognised by their magic bytes first, then the media type or file name given
+with them.
 """
 
 from __future__ import annotations
 
 from pathlib import PurePath
 
+from structspec.ingest import ocr
 from structspec.ingest.document import CharPlace, Document, IngestError, Page, decode_layout, encode_layout
+from structspec.ingest.image import read_image
 from structspec.ingest.pdf import MEDIA_TYPE as PDF
 from structspec.ingest.pdf import read_pdf
 
@@ -19,7 +22,7 @@ __all__ = ["CharPlace", "Document", "IngestError", "MEDIA_TYPES", "Page", "decod
 
 TEXT = "text/plain"
 IMAGES = {"image/png": b"\x89PNG\r\n\x1a\n", "image/jpeg": b"\xff\xd8\xff", "image/tiff": (b"II*\x00", b"MM\x00*")}
-MEDIA_TYPES: tuple[str, ...] = (TEXT, PDF)  # what ingest() reads
+MEDIA_TYPES: tuple[str, ...] = (TEXT, PDF, *IMAGES)  # what ingest() reads
 EXTENSIONS = {".txt": TEXT, ".text": TEXT, ".md": TEXT, ".pdf": PDF, ".png": "image/png", ".jpg": "image/jpeg",
               ".jpeg": "image/jpeg", ".tif": "image/tiff", ".tiff": "image/tiff"}
 MAX_PAGES = 200
@@ -41,17 +44,17 @@ def detect(data: bytes, media_type: str | None = None, name: str | None = None) 
 
 
 def ingest(data: bytes, media_type: str | None = None, name: str | None = None, *,
-           max_bytes: int | None = None, max_pages: int = MAX_PAGES) -> Document:
-    """`data` as a Document; IngestError naming the problem (its status: 413, 415 or 422)."""
+           max_bytes: int | None = None, max_pages: int = MAX_PAGES, max_ocr_pages: int = ocr.MAX_PAGES) -> Document:
+    """`data` as a Document; IngestError naming the problem (its status: 413, 415 or 422).
+    Images, and PDF pages without a text layer, are read by OCR, at most `max_ocr_pages` of them."""
     if max_bytes is not None and len(data) > max_bytes:
         raise IngestError(413, f"the document is {len(data)} bytes; the limit is {max_bytes} bytes "
                                "(max_document_bytes)")
     kind = detect(data, media_type, name)
     if kind == PDF:
-        return read_pdf(data, max_pages)
+        return read_pdf(data, max_pages, max_ocr_pages)
     if kind in IMAGES:
-        raise IngestError(415, f"{kind} documents need OCR, which this version does not include; "
-                               "send the document's text or a PDF with a text layer")
+        return read_image(data, kind, name, max_pages, max_ocr_pages)
     if kind != TEXT and not kind.startswith("text/"):
         raise IngestError(415, f"unsupported media type {kind}; send one of {', '.join(MEDIA_TYPES)}")
     try:

@@ -3,8 +3,8 @@
 Ingestion turns bytes into a Document: `text` is what the model reads and what spans index;
 `chars` maps each character of `text` to its page and box, or to nothing for the spaces and
 line breaks ingestion put between lines and pages. Boxes are [x0, y0, x1, y1] in the page's
-own units (PDF points, 1/72 inch) measured from the page's top-left corner, y downwards, as
-image pixels are.
+own units (PDF points, 1/72 inch, for a PDF; pixels for an image) measured from the page's
+top-left corner, y downwards, as image pixels are.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 Box = tuple[float, float, float, float]
 
@@ -31,6 +32,7 @@ class Page:
     width: float
     height: float
     unit: str = "pt"  # "pt" (PDF points) or "px" (image pixels)
+    ocr: bool = False  # its text was read by OCR (an image, a PDF page without a text layer)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,34 @@ class Document:
         return {pointer: places for pointer, places in located.items() if places}
 
 
+# --- reading order, shared by the formats -----------------------------------------------------
+
+class Placed(Protocol):
+    x0: float  # left edge
+    y0: float  # top
+    y1: float  # bottom
+
+
+L = TypeVar("L", bound=Placed)
+
+
+def rows(lines: list[L]) -> list[list[L]]:
+    """Lines grouped into rows (their vertical middles within half the smaller height of each
+    other), top to bottom, each row left to right."""
+    out: list[list[L]] = []
+    for line in sorted(lines, key=lambda ln: ((ln.y0 + ln.y1) / 2, ln.x0)):
+        mid, h = (line.y0 + line.y1) / 2, line.y1 - line.y0
+        if out:
+            last = out[-1]
+            last_mid = sum((ln.y0 + ln.y1) / 2 for ln in last) / len(last)
+            last_h = min(ln.y1 - ln.y0 for ln in last)
+            if abs(mid - last_mid) <= max(min(h, last_h), 1.0) / 2:
+                last.append(line)
+                continue
+        out.append([line])
+    return [sorted(row, key=lambda ln: ln.x0) for row in out]
+
+
 # --- stored with a job: the layout without the text (the job stores that) ---------------------
 
 LAYOUT_VERSION = 1
@@ -91,7 +121,8 @@ def encode_layout(doc: Document) -> bytes | None:
         return None
     chars = [0 if p is None else [p.page, p.line, *(round(v, 2) for v in p.box)] for p in doc.chars]
     body = {"v": LAYOUT_VERSION, "media_type": doc.media_type,
-            "pages": [[p.number, round(p.width, 2), round(p.height, 2), p.unit] for p in doc.pages], "chars": chars}
+            "pages": [[p.number, round(p.width, 2), round(p.height, 2), p.unit, *([1] if p.ocr else [])]
+                      for p in doc.pages], "chars": chars}
     return zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)
 
 
@@ -100,7 +131,7 @@ def decode_layout(text: str, blob: bytes) -> Document:
     body = json.loads(zlib.decompress(blob))
     if body.get("v") != LAYOUT_VERSION:
         raise ValueError(f"unknown layout version {body.get('v')!r}")
-    pages = [Page(n, w, h, unit) for n, w, h, unit in body["pages"]]
+    pages = [Page(*p[:4], ocr=len(p) > 4 and bool(p[4])) for p in body["pages"]]
     chars = [None if c == 0 else CharPlace(c[0], c[1], tuple(c[2:6])) for c in body["chars"]]
     if len(chars) != len(text):
         raise ValueError(f"layout of {len(chars)} characters for a text of {len(text)}")

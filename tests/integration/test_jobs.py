@@ -160,7 +160,7 @@ def test_a_pdf_sent_as_content_gets_its_spans_on_the_page_and_bad_files_store_no
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(32)).decode()
     for bad, status, message in [
         ({"content": base64.b64encode(pdf[:4000]).decode()}, 422, "the PDF cannot be read"),
-        ({"content": png, "media_type": "image/png"}, 415, "need OCR"),
+        ({"content": png, "media_type": "image/png"}, 422, "the image cannot be read"),
         ({"content": base64.b64encode(b"PK\x03\x04").decode(), "media_type": "application/zip"}, 415,
          "unsupported media type application/zip"),
         ({"content": "not base64!"}, 422, "not valid base64"),
@@ -171,6 +171,36 @@ def test_a_pdf_sent_as_content_gets_its_spans_on_the_page_and_bad_files_store_no
         assert message in err["detail"], (bad.keys(), err)
     [(after,)] = stack.rows(count)
     assert after == before
+
+
+def test_an_image_sent_as_content_is_read_by_ocr_and_its_spans_get_pixel_boxes(stack):
+    """Needs the tesseract command (Debian: apt-get install tesseract-ocr); fails without it."""
+    import base64
+    import io
+
+    import pypdfium2 as pdfium
+
+    from structspec.ingest import ingest
+
+    pdf = pdfium.PdfDocument((Path(__file__).resolve().parents[1] / "fixtures" / "invoices" / "AzureInterior.pdf")
+                             .read_bytes())
+    page = pdf[0].render(scale=3).to_pil()
+    buf = io.BytesIO()
+    page.crop((0, 0, page.width, page.height * 2 // 5)).save(buf, "PNG", dpi=(216, 216))  # the invoice's top
+    png = buf.getvalue()
+    schema = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}  # verbatim: a span
+    body = {"schema": schema, "content": base64.b64encode(png).decode(), "media_type": "image/png",
+            "options": {"verbatim": True, "strategy": "none", "max_tokens": 256}}
+    r = stack.client.post("/v1/extractions?wait=60", json=body)
+    assert r.status_code == 200, r.text
+    job = r.json()
+    assert job["status"] == "succeeded", job
+    doc = ingest(png, "image/png")  # the text the job stored is what OCR read; spans index it
+    assert "Azure Interior" in doc.text and doc.pages[0].unit == "px"
+    start, end = job["spans"]["/who"]
+    assert doc.text[start:end] == job["result"]["who"]
+    assert job["boxes"] == {"/who": doc.locate(start, end)}
+    assert all(b["page"] == 1 and 0 <= b["box"][0] < b["box"][2] <= page.width for b in job["boxes"]["/who"])
 
 
 # --- batches -------------------------------------------------------------------------------

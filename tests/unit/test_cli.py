@@ -276,6 +276,40 @@ def test_a_pdf_and_its_text_give_the_same_result_and_the_pdf_gets_boxes(capsys, 
     assert (tmp_path / "overlay" / "AzureInterior-page1.png").stat().st_size > 10_000
 
 
+def test_an_image_is_read_by_ocr_and_gets_pixel_boxes_drawn_on_itself(capsys, monkeypatch, tmp_path,
+                                                                       tiny_compact_engine):
+    """Needs the tesseract command (Debian: apt-get install tesseract-ocr); fails without it."""
+    from pathlib import Path
+
+    import pypdfium2 as pdfium
+    from PIL import Image
+
+    import structspec.cli as cli
+    from structspec.ingest import ingest
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_compact_engine)
+    pdf = pdfium.PdfDocument((Path(__file__).resolve().parents[1] / "fixtures" / "invoices" / "AzureInterior.pdf")
+                             .read_bytes())
+    page = pdf[0].render(scale=3).to_pil()
+    png = tmp_path / "scan.png"
+    page.crop((0, 0, page.width, page.height * 2 // 5)).save(png, dpi=(216, 216))  # the invoice's top
+    text = tmp_path / "scan.txt"
+    text.write_text(ingest(png.read_bytes()).text, encoding="utf-8")
+    schema = tmp_path / "who.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"who": {"type": "string"}},
+                                  "required": ["who"]}))
+    common = ["extract", "--schema", str(schema), "--verbatim", "--strategy", "none", "--spans", "--max-tokens", "48"]
+    assert main([*common, str(png), "--overlay", str(tmp_path / "overlay")]) == 0
+    from_png = json.loads(capsys.readouterr().out)
+    assert main([*common, str(text)]) == 0
+    from_text = json.loads(capsys.readouterr().out)
+    assert {k: v for k, v in from_png.items() if k != "boxes"} == from_text and "boxes" not in from_text
+    [where] = from_png["boxes"]["/who"]  # the value is a span of one line, in the image's pixels
+    assert where["page"] == 1 and 0 <= where["box"][0] < where["box"][2] <= page.width
+    overlay = Image.open(tmp_path / "overlay" / "scan-page1.png")
+    assert overlay.size == Image.open(png).size
+
+
 def test_an_unreadable_pdf_is_a_clear_error_before_the_model_loads(capsys, tmp_path):
     bad = tmp_path / "scan.pdf"
     bad.write_bytes(b"%PDF-1.7\n% truncated")

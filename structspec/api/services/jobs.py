@@ -550,7 +550,7 @@ def to_job_read(j: JobRecord) -> JobRead:
 
 
 def boxes(j: JobRecord) -> dict[str, list[PageBox]] | None:
-    """A succeeded job's spans on the pages of the PDF it was sent as (structspec.ingest), else None."""
+    """A succeeded job's spans on the pages of the PDF or image it was sent as (structspec.ingest), else None."""
     if j.status != "succeeded" or j.layout is None or not j.spans:
         return None
     from structspec.ingest import decode_layout

@@ -1,5 +1,5 @@
 """Ingestion: PDFs with a text layer give text whose every character keeps its page and box,
-and bad files are refused naming the problem."""
+and bad files are refused naming the problem (images and scans: test_ocr.py)."""
 
 from __future__ import annotations
 
@@ -119,12 +119,12 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
     (AZURE.read_bytes()[:5000], {}, 422, "the PDF cannot be read"),
     ((FIXTURES / "encrypted.pdf").read_bytes(), {}, 422, "encrypted"),
     (blank_pdf(), {}, 422, "no text layer"),
-    (PNG, {"name": "scan.png"}, 415, "image/png documents need OCR"),
+    (PNG, {"name": "scan.png"}, 422, "the image cannot be read"),
     (b"PK\x03\x04zip", {"media_type": "application/zip"}, 415, "unsupported media type application/zip"),
     (b"x" * 101, {"max_bytes": 100}, 413, "101 bytes; the limit is 100"),
     (b"caf\xe9", {}, 422, r"not UTF-8 text \(byte 3"),
     (b"a\x00b", {}, 422, "NUL"),
-], ids=["truncated-pdf", "encrypted-pdf", "blank-pdf", "image", "zip", "too-large", "latin-1", "nul"])
+], ids=["truncated-pdf", "encrypted-pdf", "blank-pdf", "corrupt-image", "zip", "too-large", "latin-1", "nul"])
 def test_bad_files_are_refused_naming_the_problem(data, kwargs, status, message):
     with pytest.raises(IngestError, match=message) as e:
         ingest(data, **kwargs)
