@@ -11,8 +11,13 @@ export TOKENIZERS_PARALLELISM := false
 	bench-loopguard bench-confidence bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
 # OCR (images, scanned PDF pages) runs the tesseract command, a system package pip cannot
-# install: say so when it is missing (the rest works without it).
+# install: as root on Debian/Ubuntu it is installed with apt-get (tesseract-ocr, English);
+# elsewhere say so (the rest works without it; images and scans are then refused with a 415).
 install: $(STAMP)
+	@command -v tesseract >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "make install: installing tesseract-ocr with apt-get (OCR)" >&2 && \
+	  { apt-get install -y -qq --no-install-recommends tesseract-ocr >/dev/null 2>&1 || \
+	    { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq --no-install-recommends tesseract-ocr >/dev/null 2>&1; }; }; } || true
 	@command -v tesseract >/dev/null || echo "make install: no tesseract command: images and scanned PDF pages \
 	will be refused; install it (Debian: sudo apt-get install tesseract-ocr)" >&2
 
