@@ -125,7 +125,7 @@ def cmd_extract(args) -> int:
     try:
         opts = RequestOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
                               seed=args.seed, max_tokens=args.max_tokens,
-                              verbatim=args.verbatim).with_defaults(settings).check()
+                              verbatim=args.verbatim, chunking=args.chunking).with_defaults(settings).check()
     except OptionError as e:
         raise flag_error(e) from None
     local = open_local_stats(settings, schema, args.schema) if opts.strategy == AUTO else None
@@ -133,7 +133,7 @@ def cmd_extract(args) -> int:
     engine = build_engine(settings)
     progress = args.progress if args.progress is not None else len(documents) > 1 and sys.stderr.isatty()
     return run_documents(engine, schema, documents, opts, local, verbatim, args.stats, args.spans, progress,
-                         args.overlay, args.chunking)
+                         args.overlay, opts.chunking)
 
 
 def read_messages(path: str) -> tuple[str, str, list[dict[str, str]]]:
@@ -561,6 +561,7 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings, schema_requi
     p.add_argument("--seed", type=int, metavar="S", help=option_help("seed"))
     p.add_argument("--max-tokens", type=int, metavar="N", help=option_help("max_tokens", server))
     p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
+    p.add_argument("--chunking", choices=SPECS["chunking"].choices, help=option_help("chunking", server))
 
 
 def cmd_conformance(args) -> int:
@@ -593,7 +594,7 @@ def add_extract_command(sub, defaults: Settings) -> None:
                         "value covers)")
     p.add_argument("--overlay", type=Path, metavar="DIR",
                    help="with --spans: draw each PDF's or image's boxes on its pages, one PNG per page in DIR")
-    p.add_argument("--chunking", choices=["auto", "off"], default="off",
+    p.add_argument("--chunking", choices=SPECS["chunking"].choices, default="off",
                    help="auto: a document longer than the model's context is split into overlapping chunks at "
                         "paragraph and line boundaries, extracted together and merged by the schema (objects field "
                         "by field, arrays without repeats, scalars by confidence); off: it fails naming both token "

@@ -16,6 +16,7 @@ AUTO = "auto"
 # The engine's drafting strategies (structspec/engine/proposers implements one per name).
 STRATEGIES: tuple[str, ...] = ("none", "schema", "ngram", "composite")
 JOB_STRATEGIES: tuple[str, ...] = (AUTO,) + STRATEGIES
+CHUNKING: tuple[str, ...] = ("off", "auto")
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,9 @@ SPECS: dict[str, OptionSpec] = {s.name: s for s in (
                minimum=1, maximum=65536),
     OptionSpec("verbatim", "plain string fields only copy spans of the document; the schema annotation "
                            "x-structspec-verbatim: true|false overrides it per subschema"),
+    OptionSpec("chunking", "off: a document longer than the model's context fails, saying so | auto: it is "
+                           "extracted in overlapping chunks, decoded together, their results merged by the schema "
+                           "(the stats say how many chunks)", choices=CHUNKING),
 )}
 OPTION_NAMES: tuple[str, ...] = tuple(SPECS)
 
@@ -65,6 +69,7 @@ class RequestOptions:
     seed: int | None = None
     max_tokens: int | None = None
     verbatim: bool = False
+    chunking: str = "off"
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> "RequestOptions":
@@ -107,6 +112,8 @@ class RequestOptions:
             _check_number(SPECS["seed"], self.seed)
         if not isinstance(self.verbatim, bool):
             raise OptionError("verbatim", f"verbatim must be true or false, not {self.verbatim!r}")
+        if self.chunking not in CHUNKING:
+            raise OptionError("chunking", f"chunking must be one of {', '.join(CHUNKING)}, not {self.chunking!r}")
         return self
 
 

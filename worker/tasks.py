@@ -69,6 +69,7 @@ class _Process:
         self._lock = threading.Lock()
         self._engine = None
         self._loop = None
+        self._submissions = None
         self._sessions = None
         self.forking = False
         self.torch_threads = 0  # prefork: threads each child uses (0: torch's default)
@@ -101,6 +102,16 @@ class _Process:
                 self._loop = EngineLoop(self._engine_locked(settings))
             return self._loop
 
+    def submissions(self, settings: Settings):
+        """The engine loop, with chunking (services/chunks.py: ChunkedSubmissions)."""
+        loop = self.loop(settings)
+        with self._lock:
+            if self._submissions is None or self._submissions.loop is not loop:
+                from structspec.services.chunks import ChunkedSubmissions
+
+                self._submissions = ChunkedSubmissions(loop)
+            return self._submissions
+
     def sessions(self, settings: Settings):
         with self._lock:
             if self._sessions is None:
@@ -110,7 +121,7 @@ class _Process:
     def after_fork(self, settings: Settings) -> None:
         """In a prefork child: nothing of the parent's threads or connections is used."""
         self._lock = threading.Lock()
-        self._loop = self._sessions = None
+        self._loop = self._submissions = self._sessions = None
         if self.torch_threads:
             import torch
 
@@ -232,7 +243,7 @@ def submit_jobs(sessions, settings: Settings, job_ids: list[uuid.UUID], token: s
     """Start held jobs and hand them to the engine loop: ({future: job}, jobs that ended at
     the start and were stored). A job whose start cannot reach the database is left to its
     lease (the reaper re-queues it)."""
-    loop = PROCESS.loop(settings)
+    loop = PROCESS.submissions(settings)  # chunks a too-long document where its options ask (services/chunks.py)
     running: dict[Future, Started] = {}
     stored = 0
     for job_id in job_ids:

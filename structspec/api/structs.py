@@ -114,6 +114,7 @@ class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     seed: Annotated[int, _option("seed")] | None = None
     max_tokens: Annotated[int, _option("max_tokens")] | None = None
     verbatim: Annotated[bool, _option("verbatim")] | None = None
+    chunking: Annotated[str, _option("chunking")] | None = None
 
 
 class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -159,6 +160,11 @@ class JobStats(msgspec.Struct, kw_only=True):
     tokens_per_pass: float | None = None
     verbatim: Annotated[bool, msgspec.Meta(
         description="some string field was limited to document spans (its stats are kept apart)")] | None = None
+    chunks: Annotated[int, msgspec.Meta(
+        description="the document was extracted in this many chunks (options.chunking auto); absent otherwise")] \
+        | None = None
+    chunks_used: Annotated[int, msgspec.Meta(
+        description="chunks whose result contributed a value to the merged result")] | None = None
 
 
 class JobTimings(msgspec.Struct, kw_only=True):

@@ -281,6 +281,7 @@ def part_b(args) -> dict:
                     record = run_single_posts(svc, schema_id, docs, options)
                 batch1 = batch_sums(svc.http, schema_id)
             mean_batch = rep.ratio(batch1[0] - batch0[0], batch1[1] - batch0[1]) if batch0 and batch1 else None
+            record.pop("results", None)
             runs.append(server_summary(name, **record, repeat=rep_i, loadavg=[load0, os.getloadavg()[0]],
                                        mean_batch=mean_batch, submission=mode))
             say(f"(b) {name}: {runs[-1]['docs_per_min']} documents/min, mean batch {mean_batch}")
@@ -294,7 +295,7 @@ def part_b(args) -> dict:
 
 def run_batch(svc: Service, schema_id: str, docs: list[str], options: dict) -> dict:
     """POST /v1/batches with every document (the API publishes job_chunk_size jobs per message)
-    and wait for its last job; the run's record for server_summary."""
+    and wait for its last job; the run's record for server_summary, and its result lines."""
     t0 = time.time()
     r = svc.http.post("/v1/batches", json={"schema_id": schema_id, "options": options,
                                            "documents": [{"id": i, "document": d} for i, d in enumerate(docs)]})
@@ -309,7 +310,7 @@ def run_batch(svc: Service, schema_id: str, docs: list[str], options: dict) -> d
             break
         time.sleep(1.0)
     lines = [json.loads(x) for x in svc.http.get(f"/v1/batches/{batch_id}/results").text.splitlines() if x.strip()]
-    return {"submitted": len(docs), "errors": len(docs) - b["total"], "first_submit": t0,
+    return {"submitted": len(docs), "errors": len(docs) - b["total"], "first_submit": t0, "results": lines,
             "last_finish": _epoch(b["finished_at"]) if b.get("finished_at") else None,
             "statuses": {k: v for k, v in b["counts"].items() if v}, "stats": [x.get("stats") or {} for x in lines],
             "error_samples": [x.get("error") for x in lines if x.get("error")][:3]}

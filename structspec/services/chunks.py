@@ -204,3 +204,84 @@ def combined(schema: dict, results: list[ExtractResult], offsets: list[int]) -> 
     return ExtractResult("succeeded", m.value, json.dumps(m.value, ensure_ascii=False), tokens, stats,
                          spans=m.spans, confidence=m.confidence)
 
+
+
+# --- chunking on an engine loop (the worker) -------------------------------------------------------
+
+class ChunkedSubmissions:
+    """Requests to an engine loop (engine/loop.py) with chunking as their options ask: a
+    request whose options say `chunking="auto"` and whose document is too long for the model's
+    context (the loop answers DocumentTooLong) is extracted in chunks (chunk_ranges), each a
+    request of its own in the same loop, so the chunks of one document decode together; the
+    caller's future resolves to their combined() result. A chunk that fails to start fails its
+    document, naming the chunk. `cancel` reaches every chunk of a request."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self._chunks: dict[str, list[str]] = {}  # request id -> its chunks' request ids
+
+    def submit(self, request) -> "Future":
+        from concurrent.futures import Future
+
+        outer: Future = Future()
+        first = self.loop.submit(request)
+        first.add_done_callback(lambda f: self._first_done(request, f, outer))
+        return outer
+
+    def cancel(self, request_id: str) -> None:
+        self.loop.cancel(request_id)
+        for chunk_id in self._chunks.get(request_id, ()):
+            self.loop.cancel(chunk_id)
+
+    def _first_done(self, request, first, outer) -> None:
+        from structspec.engine.prompt import DocumentTooLong
+
+        error = first.exception()
+        if error is None:
+            outer.set_result(first.result())
+            return
+        if not (isinstance(error, DocumentTooLong) and request.options.chunking == "auto"
+                and request.messages is None):
+            outer.set_exception(error)
+            return
+        try:
+            ranges = chunk_ranges(self.loop.engine, request.schema, request.document, request.options.max_tokens)
+        except ValueError as e:
+            outer.set_exception(ValueError(f"{error}; it cannot be chunked: {e}"))
+            return
+        self._chunk(request, ranges, outer)
+
+    def _chunk(self, request, ranges: list[tuple[int, int]], outer) -> None:
+        import dataclasses
+        import threading
+
+        requests = [dataclasses.replace(request, document=request.document[s:t], id=f"{request.id}.chunk{k + 1}",
+                                        on_output=None)
+                    for k, (s, t) in enumerate(ranges)]
+        self._chunks[request.id] = [r.id for r in requests]
+        results: list = [None] * len(requests)
+        left = [len(requests)]
+        lock = threading.Lock()
+
+        def done(k: int, f) -> None:
+            with lock:
+                if outer.done():
+                    return
+                e = f.exception()
+                if e is not None:
+                    self.cancel(request.id)
+                    self._chunks.pop(request.id, None)
+                    outer.set_exception(ValueError(f"chunk {k + 1} of {len(requests)}: {e}"))
+                    return
+                results[k] = f.result()
+                left[0] -= 1
+                if left[0]:
+                    return
+                self._chunks.pop(request.id, None)
+            try:
+                outer.set_result(combined(request.schema, results, [s for s, _ in ranges]))
+            except Exception as e:  # noqa: BLE001 - a merge bug must fail the document, not hang it
+                outer.set_exception(e)
+
+        for k, r in enumerate(requests):
+            self.loop.submit(r).add_done_callback(lambda f, k=k: done(k, f))

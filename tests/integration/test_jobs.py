@@ -456,6 +456,31 @@ def test_document_too_long_for_the_context_is_422_at_submission_and_rejected_in_
         assert api.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "short"}).status_code == 202
 
 
+def test_chunking_auto_takes_a_document_longer_than_the_context_and_the_worker_chunks_it(stack):
+    """options.chunking "auto": the API's token check lets the document through (JSON bodies and
+    NDJSON batches alike), the worker extracts it in chunks and the job's stats say how many;
+    a bad value is a 422 naming the option."""
+    with TestClient(create_app(replace(stack.settings, model=stack.worker.model)),
+                    raise_server_exceptions=False) as api:
+        err = assert_error(api.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "short",
+                                                             "options": {"chunking": "always"}}), 422)
+        assert err["errors"][0]["path"] == "/options/chunking" and "off, auto" in err["detail"]
+        r = api.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": LONG_DOCUMENT,
+                                              "options": {"chunking": "auto", "max_tokens": 24}})
+        assert r.status_code == 202, r.text
+        nd = api.post(f"/v1/batches?schema_id={stack.schema_id}&chunking=auto",
+                      content=json.dumps({"document": LONG_DOCUMENT}) + "\n" + json.dumps({"document": "short"}),
+                      headers={"content-type": "application/x-ndjson"})
+        assert nd.status_code == 202 and nd.json()["total"] == 2 and not nd.json()["rejected"], nd.text
+    job = stack.wait_job(r.json()["id"])
+    assert job["stats"] and job["stats"]["chunks"] >= 2, job
+    assert job["stats"]["chunks_used"] <= job["stats"]["chunks"]
+    if job["status"] == "succeeded":  # a random-weight model may not finish its chunks' JSON
+        assert job["result"] is not None and set(job["result"]) <= {"label", "ok"}
+    else:
+        assert "chunks" in job["error"] or "truncated" in job["error"], job
+
+
 def test_worker_fails_a_document_too_long_for_the_context_naming_both_counts(stack):
     with TestClient(create_app(replace(stack.settings, document_token_check="off"))) as api:
         r = api.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": LONG_DOCUMENT})

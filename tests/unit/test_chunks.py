@@ -90,3 +90,57 @@ def test_bad_sizes_are_refused_naming_the_bound():
         split("abc", 1)
     with pytest.raises(ValueError, match="half the chunk size"):
         split("abc", 10, 5)
+
+
+# --- chunking on an engine loop (the worker's path) ----------------------------------------------
+
+LONG = "".join(f"Line {n}: shipment {n * 7} went to depot {n % 13}.\n" for n in range(1800))  # > 8192 tokens
+WHO = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}
+
+
+def _request(chunking: str, document: str = LONG):
+    from structspec.engine.sequence import Request
+    from structspec.options import RequestOptions
+
+    opts = RequestOptions(strategy="none", draft_len=0, max_tokens=32, verbatim=True, chunking=chunking)
+    return Request(WHO, document, opts)
+
+
+def test_the_loop_extracts_a_too_long_document_in_chunks_when_its_options_ask(tiny_compact_engine):
+    """chunking "auto": the document is split, its chunks run in the same loop, and the caller
+    gets one merged result whose span points into the whole document; "off": the loop's
+    DocumentTooLong, naming the context; a short document runs as one request either way."""
+    from structspec.engine.loop import EngineLoop
+    from structspec.engine.prompt import DocumentTooLong
+    from structspec.services.chunks import ChunkedSubmissions
+
+    loop = EngineLoop(tiny_compact_engine)
+    try:
+        subs = ChunkedSubmissions(loop)
+        with pytest.raises(DocumentTooLong, match="8192 tokens"):
+            subs.submit(_request("off")).result(timeout=120)
+        res = subs.submit(_request("auto")).result(timeout=600)
+        assert res.stats.chunks >= 2 and res.stats.stop_reason == "chunks"
+        assert res.status == "succeeded", res.error
+        start, end = res.spans["/who"]
+        assert LONG[start:end] == res.value["who"]
+        short = subs.submit(_request("auto", "Line 1: shipment 7 went to depot 1.")).result(timeout=120)
+        assert short.status == "succeeded" and not hasattr(short.stats, "chunks")
+        assert subs._chunks == {}  # nothing left behind
+    finally:
+        loop.stop()
+
+
+def test_a_chunk_that_fails_fails_its_document_naming_the_chunk(tiny_compact_engine, monkeypatch):
+    import structspec.services.chunks as chunks
+    from structspec.engine.loop import EngineLoop
+
+    # every chunk as long as the whole document: each is refused again, and the document fails once
+    monkeypatch.setattr(chunks, "chunk_ranges", lambda engine, schema, text, max_tokens: [(0, len(text))] * 3)
+    loop = EngineLoop(tiny_compact_engine)
+    try:
+        future = chunks.ChunkedSubmissions(loop).submit(_request("auto"))
+        with pytest.raises(ValueError, match=r"chunk \d of 3: .*8192 tokens"):
+            future.result(timeout=120)
+    finally:
+        loop.stop()

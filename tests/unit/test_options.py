@@ -56,6 +56,7 @@ def test_exact_messages_for_each_kind_of_bad_value():
         (RequestOptions(seed=1.0), "seed", "seed must be an integer, not 1.0"),
         (RequestOptions(seed=False), "seed", "seed must be an integer, not False"),
         (RequestOptions(verbatim="yes"), "verbatim", "verbatim must be true or false, not 'yes'"),
+        (RequestOptions(chunking="always"), "chunking", "chunking must be one of off, auto, not 'always'"),
     ]
     for opts, option, message in cases:
         e = error_of(opts)
@@ -77,7 +78,7 @@ def test_from_dict_refuses_unknown_keys_naming_the_first():
         RequestOptions.from_dict({"strategy": "auto", "zeta": 1, "beam": 4})
     assert e.value.option == "beam"
     assert str(e.value) == ("unknown option 'beam'; options are strategy, draft_len, temperature, seed, "
-                            "max_tokens, verbatim")
+                            "max_tokens, verbatim, chunking")
 
 
 def test_from_dict_reads_none_and_missing_as_defaults_and_round_trips_as_dict():

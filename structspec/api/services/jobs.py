@@ -98,7 +98,7 @@ class JobService:
         document, layout, where = self.document_of(data)
         self.check_document(document, where)
         options = self.request_options(data.options)
-        [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [document])
+        [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [document], options)
         if too_long:
             raise UnprocessableError(too_long, [ErrorItem(path=where, message=too_long, source="body")])
         schema_id = self.resolve_schema(data.schema_id, data.schema)
@@ -277,7 +277,7 @@ class JobService:
         rows, rejected = [], []
         checked = [(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries]
         fine = [raw["document"] for _, raw, problem in checked if not problem]
-        too_long = iter(self._token_problems(self.schema_body(str(schema_id), None), fine))
+        too_long = iter(self._token_problems(self.schema_body(str(schema_id), None), fine, options))
         for n, raw, problem in checked:
             problem = problem or next(too_long)
             if problem:
@@ -492,10 +492,12 @@ class JobService:
         except RegistryError as e:
             raise from_registry(e) from None
 
-    def _token_problems(self, schema: dict[str, Any], documents: list[str]) -> list[str | None]:
+    def _token_problems(self, schema: dict[str, Any], documents: list[str],
+                        options: RequestOptions) -> list[str | None]:
         """Per document, why its prompt with `schema` cannot fit the model's context (None: it
-        fits, or the API has no tokenizer and leaves the check to the worker)."""
-        if self.doclen is None or not documents or self.doclen.counter() is None:
+        fits, the API has no tokenizer and leaves the check to the worker, or the options ask
+        for chunking, which the worker does where a document does not fit)."""
+        if options.chunking == "auto" or self.doclen is None or not documents or self.doclen.counter() is None:
             return [None] * len(documents)
         return self.doclen.problems(schema, documents)
 
