@@ -226,11 +226,15 @@ class Service:
         return self
 
     def run_one(self, schema_id: str, document: str, options: dict) -> dict:
-        """Submit one job and wait for it (warm-up); its last state."""
-        r = self.http.post("/v1/extractions", json={"schema_id": schema_id, "document": document, "options": options})
+        """Submit one job and wait for it, as a client doing one document at a time would (the
+        API's ?wait, then polling should it run longer); its last state."""
+        r = self.http.post("/v1/extractions?wait=60", json={"schema_id": schema_id, "document": document,
+                                                            "options": options})
         r.raise_for_status()
-        job_id = r.json()["id"]
-        return poll_until_finished(self.http, [job_id], self.deadline, self.children.check, interval=0.5)[job_id]
+        if r.status_code == 200:
+            return r.json()
+        return poll_until_finished(self.http, [r.json()["id"]], self.deadline, self.children.check,
+                                   interval=0.5)[r.json()["id"]]
 
     def __exit__(self, *exc) -> None:
         self.say("stopping the worker and the API")
