@@ -345,4 +345,4 @@ def test_worker_fails_a_job_whose_stored_options_it_cannot_read_naming_the_optio
         stored = JobRepository(s).get(job)
         assert (stored.status, stored.error) == (
             "failed", "stored options cannot be used: unknown option 'beam'; options are strategy, draft_len, "
-                      "temperature, seed, max_tokens, verbatim")
+                      "temperature, seed, max_tokens, verbatim, chunking")
