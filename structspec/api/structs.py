@@ -161,7 +161,7 @@ class JobStats(msgspec.Struct, kw_only=True):
     verbatim: Annotated[bool, msgspec.Meta(
         description="some string field was limited to document spans (its stats are kept apart)")] | None = None
     chunks: Annotated[int, msgspec.Meta(
-        description="the document was extracted in this many chunks (options.chunking auto); absent otherwise")] \
+        description="the document was extracted in this many chunks (options.chunking auto); null otherwise")] \
         | None = None
     chunks_used: Annotated[int, msgspec.Meta(
         description="chunks whose result contributed a value to the merged result")] | None = None
