@@ -106,7 +106,7 @@ class _Process:
         """The engine loop, with chunking (services/chunks.py: ChunkedSubmissions)."""
         loop = self.loop(settings)
         with self._lock:
-            if self._submissions is None or self._submissions.loop is not loop:
+            if self._submissions is None:  # reset with the loop after a fork (after_fork)
                 from structspec.services.chunks import ChunkedSubmissions
 
                 self._submissions = ChunkedSubmissions(loop)

@@ -231,10 +231,10 @@ class Service:
         r = self.http.post("/v1/extractions?wait=60", json={"schema_id": schema_id, "document": document,
                                                             "options": options})
         r.raise_for_status()
+        job = r.json()
         if r.status_code == 200:
-            return r.json()
-        return poll_until_finished(self.http, [r.json()["id"]], self.deadline, self.children.check,
-                                   interval=0.5)[r.json()["id"]]
+            return job
+        return poll_until_finished(self.http, [job["id"]], self.deadline, self.children.check, interval=0.5)[job["id"]]
 
     def __exit__(self, *exc) -> None:
         self.say("stopping the worker and the API")

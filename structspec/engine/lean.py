@@ -10,8 +10,8 @@ Attention is structspec's ragged attention (kv_cache.py), called as the model's 
 call it. The arithmetic is transformers' Llama code step by step (RMSNorm in fp32 rounded back
 before its weight, rotary in the model's dtype), so in bf16 the logits are bit-identical to the
 model's own forward through the same attention; in fp32 the fused GEMMs sum in another order
-(last bits). runner.probe checks it against the model's own forward at start-up and keeps the
-model's forward when it differs.
+(last bits). runner.with_lean checks it against the model's own forward at start-up and keeps
+the model's forward when it differs.
 
 Served: decoder layers shaped like transformers' LlamaDecoderLayer (q/k/v/o projections, a
 gated SiLU MLP, RMSNorm before attention and MLP, rotary from the model's `rotary_emb`), with

@@ -14,10 +14,14 @@ The merged value is validated against the schema by the caller, as any result is
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from structspec.engine.prompt import DocumentTooLong, build_prompt
 from structspec.engine.sequence import ExtractResult, RequestStats
 from structspec.grammar import validate_instance
 
@@ -157,8 +161,6 @@ def chunk_ranges(engine, schema: dict, text: str, max_tokens: int) -> list[tuple
     """`text` split so that each chunk's prompt leaves `max_tokens` of the model's context for
     the output (sized from the text's own characters per token, with a margin; an overlap of
     about an eighth). Raises ValueError when the schema's prompt alone leaves no room."""
-    from structspec.engine.prompt import build_prompt
-
     tokenizer, context = engine.loaded.tokenizer, engine.loaded.context_len
     base = len(build_prompt(tokenizer, schema, "", context))
     room = context - base - max_tokens - 16
@@ -220,9 +222,7 @@ class ChunkedSubmissions:
         self.loop = loop
         self._chunks: dict[str, list[str]] = {}  # request id -> its chunks' request ids
 
-    def submit(self, request) -> "Future":
-        from concurrent.futures import Future
-
+    def submit(self, request) -> Future:
         outer: Future = Future()
         first = self.loop.submit(request)
         first.add_done_callback(lambda f: self._first_done(request, f, outer))
@@ -234,8 +234,6 @@ class ChunkedSubmissions:
             self.loop.cancel(chunk_id)
 
     def _first_done(self, request, first, outer) -> None:
-        from structspec.engine.prompt import DocumentTooLong
-
         error = first.exception()
         if error is None:
             outer.set_result(first.result())
@@ -252,9 +250,6 @@ class ChunkedSubmissions:
         self._chunk(request, ranges, outer)
 
     def _chunk(self, request, ranges: list[tuple[int, int]], outer) -> None:
-        import dataclasses
-        import threading
-
         requests = [dataclasses.replace(request, document=request.document[s:t], id=f"{request.id}.chunk{k + 1}",
                                         on_output=None)
                     for k, (s, t) in enumerate(ranges)]
