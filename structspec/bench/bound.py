@@ -13,7 +13,8 @@
   multiples of that bound and of the larger of it and the 16 rows' GEMMs at the measured
   decode-shaped GEMM rate (on 2 cores the compute floor is the higher one); each without and
   with the linear layers prepacked (engine/packed.py), and prepacked through the lean forward
-  (engine/lean.py, the default); and a 512-token prefill chunk (logits of its last row only, as the
+  (engine/lean.py), then that with the native attention (kernels/cpu_attention.c, the default);
+  and a 512-token prefill chunk (logits of its last row only, as the
   engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (2 x parameters
   x tokens, attention left out: a lower estimate of the work);
 - with --profile, where the 16-sequence decode pass spends its time, by torch operator.
@@ -124,23 +125,25 @@ def profile_decode(engine, sequences: int = 16, top: int = 12) -> dict:
 
 
 def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = False, packed: bool = True,
-                  lean: bool = True) -> dict:
+                  lean: bool = True, kernel_backend: str = "auto") -> dict:
     """The default model in `dtype`, its linear layers prepacked or not (engine/packed.py), through
-    the lean forward (engine/lean.py) or its own."""
+    the lean forward (engine/lean.py) or its own, its attention as `kernel_backend` picks it
+    ("torch": SDPA per sequence; "auto" on a CPU: the native kernel)."""
     from structspec.engine.engine import Engine
     from structspec.engine.model import load_model
 
     loaded = load_model("default", device="cpu", dtype=dtype)
     params = sum(p.numel() for p in loaded.model.parameters())
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    engine = Engine(loaded, kernel_backend="torch", engine_packed_linear=packed, engine_lean_forward=lean)
+    engine = Engine(loaded, kernel_backend=kernel_backend, engine_packed_linear=packed, engine_lean_forward=lean)
     passes = engine_passes(engine)
     bound_ms = nbytes / (bandwidth * 1e9) * 1000
     # 16 rows multiply every weight: at the measured decode-shaped GEMM rate that is a second
     # floor, above the weight read on a 2-core CPU
     compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
     prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
-    return {"dtype": dtype, "forward": engine.forward_name, "packed_linears": engine.packed_linears,
+    return {"dtype": dtype, "forward": engine.forward_name, "attention": engine.runner.attention,
+            "packed_linears": engine.packed_linears,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),
             "pass_ms": passes,
@@ -163,9 +166,12 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
     f32, b16 = out["gemm_gflops"]["float32"]["prefill"], out["gemm_gflops"]["bfloat16"]["prefill"]
     out["bf16_over_fp32_gemm"] = round(b16 / f32, 2)
     # each dtype without, then with, prepacked linear layers, both through the model's own forward,
-    # then the engine's default (prepacked, the lean forward): each step's gain in the same run
-    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and lean, packed, lean)
-                     for d in dtypes for packed, lean in ((False, False), (True, False), (True, True))]
+    # then prepacked through the lean forward, then the engine's default (that, with the native
+    # attention): each step's gain in the same run
+    steps = ((False, False, "torch"), (True, False, "torch"), (True, True, "torch"), (True, True, "auto"))
+    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and backend == "auto",
+                                   packed, lean, backend)
+                     for d in dtypes for packed, lean, backend in steps]
     return out
 
 
@@ -181,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     for m in report["models"]:
-        print(f"{m['dtype']} ({m['forward']} forward, {m['packed_linears']} linear layers prepacked): weights {m['weight_bytes'] / 1e6:.0f} MB, "
+        print(f"{m['dtype']} ({m['forward']} forward, {m['attention']} attention, {m['packed_linears']} linear "
+              f"layers prepacked): weights {m['weight_bytes'] / 1e6:.0f} MB, "
               f"read once in {m['weight_read_ms']} ms at {report['memory_gbps']} GB/s, 16 rows' GEMMs "
               f"{m['compute_16_rows_ms']} ms at the decode GEMM rate; decode 16x1 {m['pass_ms']['16x1']} ms = "
               f"{m['decode_16x1_over_bound']}x the weight read, {m['decode_16x1_over_max_bound']}x the larger "

@@ -99,7 +99,7 @@ class Engine:
         if not settings.engine_packed_linear:
             unpack_linears(loaded.model)
         self.runner = make_runner(loaded.model, settings.kernel_backend, lean=settings.engine_lean_forward,
-                                  pack=settings.engine_packed_linear)
+                                  pack=settings.engine_packed_linear, cache_dir=settings.cache_dir / "kernels")
         lean = getattr(self.runner, "lean", None)
         if lean is not None:  # it packed its own fused layers in place of the model's
             self.packed_linears = lean.packed_linears()

@@ -18,16 +18,19 @@ untouched pages of a reservation are never resident), so admission waits instead
 out of memory. Shared prompt prefixes are reused by copying their KV into a new slot
 (PrefixCache), a few milliseconds against the seconds their prefill takes.
 
-Attention over the slots has two implementations (Step.attention). On a CPU, one write pair
+Attention over the slots has three implementations (Step.attention). "torch": one write pair
 and one SDPA call per sequence and layer, reading views of the slots. On a GPU that would be
-3 launches per sequence and layer; there kernels/attention.py writes and attends for the
-whole batch in two launches per layer, reaching each slot through a table of buffer
-addresses, so slots stay where they are.
+3 launches per sequence and layer; there "triton" (kernels/attention.py) writes and attends for
+the whole batch in two launches per layer, reaching each slot through a table of buffer
+addresses, so slots stay where they are. "native" (a CPU's default): kernels/cpu_attention.c
+does the same for every decode and verification row in one call per layer, over the same
+table, with bf16 slots for bf16 models; prefill chunks keep SDPA.
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -227,11 +230,13 @@ class Step:
     buffer tables of every layer go to the device in one copy, on the first layer's call.
     """
 
-    def __init__(self, segments: list[Segment], attention: str = "torch"):
+    def __init__(self, segments: list[Segment], attention: str = "torch", native=None):
         self.segments = segments
         self.attention = attention
+        self.native = native  # kernels.cpu_attention.NativeAttention, with attention "native"
         self.max_rows = max((seg.rows for seg in segments), default=0)
         self._tables: torch.Tensor | None = None  # [2 * layers + 4, S] int64
+        self._native_split: tuple[torch.Tensor, list[Segment]] | None = None
 
     def tables(self, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(key addresses [S], value addresses [S], [start, rows, past, capacity] [4, S]) of a layer."""
@@ -243,6 +248,22 @@ class Step:
             self._tables = torch.cat([addresses, meta]).to(device)
         layers = (self._tables.shape[0] - 4) // 2
         return self._tables[layer], self._tables[layers + layer], self._tables[2 * layers:]
+
+    def native_split(self) -> tuple[torch.Tensor, list[Segment]]:
+        """(the table of the decode and verification segments, in tables()'s layout, on the CPU;
+        the other segments, prefill chunks), for the native attention. Built once per step."""
+        if self._native_split is None:
+            short = [seg for seg in self.segments if attends_in_fp32(seg)]
+            rest = [seg for seg in self.segments if not attends_in_fp32(seg)]
+            if short:
+                table = torch.cat([torch.tensor([seg.slot.addresses for seg in short], dtype=torch.int64).t(),
+                                   torch.tensor([[seg.start for seg in short], [seg.rows for seg in short],
+                                                 [seg.past for seg in short], [seg.slot.capacity for seg in short]],
+                                                dtype=torch.int64)]).contiguous()
+            else:
+                table = torch.empty(0, 0, dtype=torch.int64)
+            self._native_split = (table, rest)
+        return self._native_split
 
 
 # The step being run (set by the runner around one forward pass). A context variable rather
@@ -284,6 +305,8 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
         out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), k_table, v_table,
                      seg_table, step.max_rows, scale=scaling, window=window)
         return out.unsqueeze(0), None
+    if step.attention == "native":
+        return native_ragged_attention(step, layer, query, key, value, window, scaling), None
     if query.device.type == "cpu" and query.dtype in (torch.bfloat16, torch.float16):
         return upcast_ragged_attention(step, layer, query, key, value, window, scaling), None
     out = query.new_empty(query.shape[:-1] + (value.shape[-1],))
@@ -324,7 +347,7 @@ def upcast_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: to
         v_buf[:, seg.past:end] = value[0, :, rows]
         mask = seg.mask(window, query.device)
         causal = mask is None and seg.rows > 1
-        if seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0):  # decode, verification: fp32
+        if attends_in_fp32(seg):  # decode, verification: fp32
             q, keys, values = q32[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0)
         elif seg.past == 0:  # a first chunk attends to its own rows alone
             q, keys, values = query[:, :, rows], key[:, :, rows], value[:, :, rows]
@@ -335,6 +358,63 @@ def upcast_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: to
         out[:, :, rows] = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                                          scale=scaling, enable_gqa=gqa)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def attends_in_fp32(seg: Segment) -> bool:
+    """Decode and verification rows (up to UPCAST_MAX_ROWS past a first chunk): on a CPU they
+    attend in fp32 over the slot; other segments are prefill chunks, attended in the model's dtype."""
+    return seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0)
+
+
+def native_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            window: int | None, scaling: float | None) -> torch.Tensor:
+    """ragged_attention's "native" path (a CPU): every decode and verification segment appended
+    and attended in one call of kernels/cpu_attention.c (fp32 arithmetic over fp32 or bf16
+    slots), prefill chunks by SDPA as upcast_ragged_attention does. Returns [1, T, heads, Dv]."""
+    q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, dim]
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32, device=query.device)
+    table, prefill = step.native_split()
+    if table.numel():
+        layers = (table.shape[0] - 4) // 2
+        kv_dtype = step.segments[0].slot.keys[layer].dtype
+        step.native.attend(q, k, v, out, table, layers, layer,
+                           scaling if scaling is not None else query.shape[-1] ** -0.5, window, kv_dtype)
+    gqa = query.shape[1] != key.shape[1]
+    for seg in prefill:
+        k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
+        end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
+        k_buf[:, seg.past:end] = key[0, :, rows]
+        v_buf[:, seg.past:end] = value[0, :, rows]
+        mask = seg.mask(window, query.device)
+        if seg.past == 0:  # a first chunk attends to its own rows alone
+            keys, values = key[:, :, rows], value[:, :, rows]
+        else:
+            keys = k_buf[:, :end].to(query.dtype).unsqueeze(0)
+            values = v_buf[:, :end].to(query.dtype).unsqueeze(0)
+        out[rows] = F.scaled_dot_product_attention(query[:, :, rows], keys, values, attn_mask=mask,
+                                                   is_causal=mask is None and seg.rows > 1, scale=scaling,
+                                                   enable_gqa=gqa)[0].transpose(0, 1)
+    return out.to(query.dtype).unsqueeze(0)
+
+
+def native_layout(layout: KVLayout, dtype: torch.dtype, device: torch.device, cache_dir=None):
+    """(the compiled attention for `layout`'s head sizes, the layout its slots take: the model's
+    bf16 kept as it is, fp32 for fp32), or RuntimeError saying why the native attention cannot
+    serve this model (not a CPU, fp16, head sizes differing between layers, no C compiler)."""
+    if device.type != "cpu":
+        raise RuntimeError(f"the native attention runs on a CPU, not {device.type}")
+    if dtype not in (torch.float32, torch.bfloat16):
+        raise RuntimeError(f"the native attention takes fp32 or bf16 models, not {dtype}")
+    dims = {(s.key_dim, s.value_dim) for s in layout.layers}
+    if len(dims) != 1:
+        raise RuntimeError(f"its layers have different head sizes {sorted(dims)}")
+    (key_dim, value_dim), = dims
+    if key_dim % 8 or value_dim % 8:
+        raise RuntimeError(f"head sizes {key_dim}/{value_dim} are not multiples of 8")
+    from kernels.cpu_attention import load
+
+    lib = load(key_dim, value_dim, cache_dir)
+    return lib, KVLayout(tuple(dataclasses.replace(s, dtype=dtype) for s in layout.layers))
 
 
 # torch 2.13's CPU SDPA in bf16/fp16 costs ~4x its fp32 time on a decode row (one query, 512

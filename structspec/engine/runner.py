@@ -20,7 +20,7 @@ import torch
 from transformers import DynamicCache
 
 from structspec.engine.kv_cache import (ATTENTION_NAME, CURRENT, Discovery, KVLayout, LayerShape, Segment, Slot, Step,
-                                        register_attention)
+                                        native_layout, register_attention)
 from structspec.engine.lean import LeanForward
 
 log = logging.getLogger(__name__)
@@ -60,14 +60,17 @@ def _accepts_logits_to_keep(model) -> bool:
 
 def attention_backend(kernel_backend: str, device: torch.device) -> str:
     """The ragged attention the batched runner uses: "triton" when asked for, or under "auto" on
-    CUDA when triton imports; otherwise "torch". (Unlike the verification kernels, "auto" never
-    takes Triton's CPU interpreter here: it would run every layer of every step in numpy.)"""
+    CUDA when triton imports; "native" (kernels/cpu_attention.c) under "auto" on a CPU; otherwise
+    "torch". (Unlike the verification kernels, "auto" never takes Triton's CPU interpreter here:
+    it would run every layer of every step in numpy.)"""
     if kernel_backend == "triton":
         return "triton"
     if kernel_backend == "auto" and device.type == "cuda":
         from kernels._triton import triton_available
 
         return "triton" if triton_available() else "torch"
+    if kernel_backend == "auto" and device.type == "cpu":
+        return "native"
     return "torch"
 
 
@@ -78,13 +81,18 @@ class BatchedRunner:
 
     batched = True
 
-    def __init__(self, model, layout: KVLayout, attention: str = "torch", lean: LeanForward | None = None):
+    def __init__(self, model, layout: KVLayout, attention: str = "torch", lean: LeanForward | None = None,
+                 cache_dir=None):
         self.model = model
-        self.layout = layout
         self.attention = attention
         self.lean = lean
         self.device = next(model.parameters()).device
         self._keep = _accepts_logits_to_keep(model)
+        self.native = None
+        if attention == "native":  # RuntimeError when it cannot serve this model
+            self.native, layout = native_layout(layout, next(model.parameters()).dtype, self.device, cache_dir)
+        self.layout = layout
+        self.cache_dir = cache_dir
 
     def make_slot(self, capacity: int) -> Slot:
         return Slot(self.layout, capacity, self.device)
@@ -92,7 +100,7 @@ class BatchedRunner:
     @torch.inference_mode()
     def forward(self, step: StepInputs) -> torch.Tensor:
         """Logits [R, V] of the rows in step.logits_rows; every segment's slot grows by its rows."""
-        token = CURRENT.set(Step(step.segments, self.attention))
+        token = CURRENT.set(Step(step.segments, self.attention, self.native))
         try:
             if self.lean is not None:
                 logits = self.lean(step.input_ids, step.positions, step.logits_rows)
@@ -188,10 +196,10 @@ def _check(runner: BatchedRunner, ids: torch.Tensor, positions: torch.Tensor, re
                            f"from its own by {err:.2g} (relative; tolerance {tolerance})")
 
 
-def probe(model, attention: str = "torch") -> KVLayout:
+def probe(model, attention: str = "torch", cache_dir=None) -> BatchedRunner:
     """Check that `model` computes the same logits through the ragged attention (`attention`:
-    its torch or Triton implementation) as through its own, and read its per-layer KV shapes.
-    Raises RuntimeError saying why it cannot batch."""
+    its torch, Triton or native implementation) as through its own, reading its per-layer KV
+    shapes: the runner that passed. Raises RuntimeError saying why it cannot batch."""
     register_attention()
     ids, positions, reference = _probe_inputs(model)
     with torch.inference_mode():
@@ -211,8 +219,9 @@ def probe(model, attention: str = "torch") -> KVLayout:
         raise RuntimeError(f"{len(discovery.shapes)} of its {num_layers} layers went through the attention "
                            "interface")
     layout = KVLayout(tuple(discovery.shapes[i] for i in range(len(discovery.shapes))))
-    _check(BatchedRunner(model, layout, attention), ids, positions, reference)
-    return layout
+    runner = BatchedRunner(model, layout, attention, cache_dir=cache_dir)
+    _check(runner, ids, positions, reference)
+    return runner
 
 
 def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
@@ -224,7 +233,7 @@ def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
     if lean is None:
         log.info("model %s runs its own forward (the lean forward does not serve it: %s)", name, why)
         return runner
-    lean_runner = BatchedRunner(model, runner.layout, runner.attention, lean)
+    lean_runner = BatchedRunner(model, runner.layout, runner.attention, lean, runner.cache_dir)
     try:
         ids, positions, reference = _probe_inputs(model)
         _check(lean_runner, ids, positions, reference)
@@ -248,23 +257,25 @@ def estimate_layout(model) -> KVLayout:
     return KVLayout(tuple(shapes))
 
 
-def make_runner(model, kernel_backend: str = "auto", lean: bool = False,
-                pack: bool = False) -> BatchedRunner | SequentialRunner:
-    """The batched runner if the model passes the probe, with the Triton attention where
-    `kernel_backend` picks it (attention_backend) and it passes too, and through the lean
-    forward where `lean` asks for it and it passes (with its linear layers prepacked where
-    `pack`); else the sequential runner. Every fallback is logged with its reason."""
+def make_runner(model, kernel_backend: str = "auto", lean: bool = False, pack: bool = False,
+                cache_dir=None) -> BatchedRunner | SequentialRunner:
+    """The batched runner if the model passes the probe, with the Triton or native attention
+    where `kernel_backend` picks it (attention_backend) and it passes too (the native one built
+    under `cache_dir`), and through the lean forward where `lean` asks for it and it passes (with
+    its linear layers prepacked where `pack`); else the sequential runner. Every fallback is
+    logged with its reason."""
     name = getattr(model.config, "model_type", type(model).__name__)
     attention = attention_backend(kernel_backend, next(model.parameters()).device)
     runner = None
-    if attention == "triton":
+    if attention != "torch":
         try:
-            runner = BatchedRunner(model, probe(model, "triton"), "triton")
-        except Exception as e:  # a kernel that does not compile or does not match: the torch path
-            log.warning("model %s: the Triton attention failed its check (%s); using the torch attention", name, e)
+            runner = probe(model, attention, cache_dir)
+        except Exception as e:  # a kernel that does not build or does not match: the torch path
+            log.warning("model %s: the %s attention failed its check (%s); using the torch attention", name,
+                        attention, e)
     if runner is None:
         try:
-            runner = BatchedRunner(model, probe(model))
+            runner = probe(model)
         except Exception as e:  # any failure of the probe means: do not batch this model
             log.warning("model %s cannot run batched (%s); decoding one sequence at a time", name, e)
             return SequentialRunner(model, estimate_layout(model))

@@ -101,7 +101,7 @@ def test_the_triton_runner_gives_the_torch_runners_logits_step_by_step(tiny_norm
     from structspec.engine.kv_cache import Segment
 
     model = tiny_normal_loaded.model
-    layout = probe(model)
+    layout = probe(model).layout
     runners = {name: BatchedRunner(model, layout, name) for name in ("torch", "triton")}
     slots = {name: [r.make_slot(64) for _ in range(3)] for name, r in runners.items()}
     gen = torch.Generator().manual_seed(5)
@@ -156,5 +156,5 @@ def test_a_triton_attention_that_fails_its_check_falls_back_to_torch(tiny_normal
     with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
         runner = make_runner(tiny_normal_loaded.model, "triton")
     assert runner.batched and runner.attention == "torch"
-    assert "the Triton attention failed its check (no kernel today); using the torch attention" in caplog.text
-    assert make_runner(tiny_normal_loaded.model, "auto").attention == "torch"  # auto on a CPU: torch
+    assert "the triton attention failed its check (no kernel today); using the torch attention" in caplog.text
+    assert make_runner(tiny_normal_loaded.model, "auto").attention == "native"  # auto on a CPU: the C kernel

@@ -1,0 +1,138 @@
+"""The ragged attention's decode/verification rows on a CPU, in one call per layer (C, OpenMP).
+
+The torch path (structspec/engine/kv_cache.py) attends one sequence at a time: two writes and
+one SDPA call per sequence and layer, ~100 us of operator overhead each on this project's CPU
+against ~25 us to read the sequence's keys and values. cpu_attention.c takes the same step
+table as the Triton kernels (kernels/attention.py) and does every listed sequence's append and
+attention for one layer in a single call: K and V read once per (sequence, kv head) for all
+its query heads and rows, fp32 arithmetic, the work split over torch's OpenMP threads.
+
+It is compiled here, at first use, by the system's C compiler (``$CC``, else ``cc``) for the
+model's head sizes and this CPU (``-march=native``), into a cache directory keyed by the
+source, the flags and the CPU's feature flags; ``load`` raises ``RuntimeError`` saying why
+when there is no compiler or the build fails, and the engine keeps the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+__all__ = ["NativeAttention", "load"]
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
+         "-fassociative-math", "-fno-signed-zeros")
+_LOCK = threading.Lock()
+_LOADED: dict[tuple[int, int, str], "NativeAttention"] = {}
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str:
+    cc = os.environ.get("CC") or "cc"
+    path = shutil.which(cc)
+    if path is None:
+        raise RuntimeError(f"no C compiler ({cc!r} not found; set CC)")
+    return path
+
+
+def _build(head_dim: int, value_dim: int, cache_dir: Path) -> Path:
+    cc = _compiler()
+    source = SOURCE.read_bytes()
+    defines = (f"-DHEAD_DIM={head_dim}", f"-DVALUE_DIM={value_dim}")
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS + defines).encode(), _cpu_flags().encode(),
+                                     platform.machine().encode(), cc.encode()])).hexdigest()[:16]
+    target = cache_dir / f"cpu_attention_{head_dim}_{value_dim}_{key}.so"
+    if target.exists():
+        return target
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, *defines, str(SOURCE), "-o", tmp], capture_output=True, text=True,
+                              timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(cc).name} failed on {SOURCE.name}: {done.stderr.strip()[-400:]}")
+        os.replace(tmp, target)  # atomic: a worker beside this one never loads half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class NativeAttention:
+    """The compiled library for one (head_dim, value_dim)."""
+
+    def __init__(self, path: Path, head_dim: int, value_dim: int):
+        self.path = path
+        self.head_dim, self.value_dim = head_dim, value_dim
+        lib = ctypes.CDLL(str(path))
+        if lib.structspec_attend_dims() != head_dim * 10000 + value_dim:
+            raise RuntimeError(f"{path} was built for other head sizes")
+        fn = lib.structspec_attend
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr, i64, i64, ptr,
+                       i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, i64, ctypes.c_int]
+        fn.restype = None
+        self._fn = fn
+        self._lib = lib
+
+    def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
+               table: torch.Tensor, layers: int, layer: int, scale: float, window: int | None = None,
+               kv_dtype: torch.dtype = torch.float32, threads: int | None = None) -> None:
+        """Append and attend, for `layer`, every sequence of `table` (int64 [2 * layers + 4, S] on
+        the CPU, the layout of kv_cache.Step.tables; buffers [kv_heads, capacity, dim] of
+        `kv_dtype`: fp32, or bf16 with bf16 inputs).
+        query [T, heads, D], key [T, kv_heads, D], value [T, kv_heads, DV]: fp32 or bf16, one
+        dtype, unit last stride; writes rows of `out` [T, heads, DV] fp32 contiguous. The caller
+        keeps the buffers alive and large enough (the engine's slots do)."""
+        if not (query.dtype == key.dtype == value.dtype) or query.dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"query, key and value must share fp32 or bf16, got {query.dtype}, {key.dtype}, "
+                             f"{value.dtype}")
+        if kv_dtype not in (torch.float32, query.dtype):
+            raise ValueError(f"KV buffers of {kv_dtype} take {kv_dtype} rows, not {query.dtype}")
+        if query.shape[2] != self.head_dim or key.shape[2] != self.head_dim or value.shape[2] != self.value_dim:
+            raise ValueError(f"head sizes {query.shape[2]}/{value.shape[2]}, built for {self.head_dim}/"
+                             f"{self.value_dim}")
+        if query.shape[1] % key.shape[1] or key.shape[1] != value.shape[1]:
+            raise ValueError(f"{query.shape[1]} query heads over {key.shape[1]} key / {value.shape[1]} value heads")
+        if any(t.stride(2) != 1 for t in (query, key, value)):
+            raise ValueError("query, key and value need a unit last stride")
+        if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (query.shape[0], query.shape[1],
+                                                                                 self.value_dim):
+            raise ValueError("out must be contiguous fp32 [T, heads, DV]")
+        if table.dtype != torch.int64 or not table.is_contiguous() or table.shape[0] != 2 * layers + 4:
+            raise ValueError(f"table must be contiguous int64 [2 * layers + 4, S], got {tuple(table.shape)}")
+        self._fn(query.data_ptr(), query.stride(0), query.stride(1), key.data_ptr(), key.stride(0), key.stride(1),
+                 value.data_ptr(), value.stride(0), value.stride(1), int(query.dtype == torch.bfloat16),
+                 int(kv_dtype == torch.bfloat16), out.data_ptr(), out.stride(0), out.stride(1), table.data_ptr(), table.shape[1], layers, layer,
+                 query.shape[1], key.shape[1], scale, window or 0, threads or torch.get_num_threads())
+
+
+def load(head_dim: int, value_dim: int, cache_dir: Path | str | None = None) -> NativeAttention:
+    """The attention library for these head sizes, built on first use (RuntimeError: why not)."""
+    cache = Path(cache_dir) if cache_dir is not None else (
+        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "structspec" / "kernels")
+    with _LOCK:
+        k = (head_dim, value_dim, str(cache))
+        if k not in _LOADED:
+            _LOADED[k] = NativeAttention(_build(head_dim, value_dim, cache), head_dim, value_dim)
+        return _LOADED[k]

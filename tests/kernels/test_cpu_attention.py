@@ -1,0 +1,121 @@
+"""The native CPU attention (kernels/cpu_attention.c) against the torch reference, the engine's
+choice of it and its fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from kernel_cases import DEVICE
+
+from kernels.attention import attention_reference
+from kernels.cpu_attention import load
+
+pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
+# (rows, past): decode rows, verification rows, a long context (several key blocks of 64)
+SEQUENCES = [(1, 7), (4, 30), (1, 0), (3, 200), (8, 63), (1, 130)]
+
+
+def case(dtype, kv_dtype, heads, kv_heads, dim, dim_v, layers=3, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rows = [r for r, _ in SEQUENCES]
+    pasts = [p for _, p in SEQUENCES]
+    starts = [sum(rows[:i]) for i in range(len(rows))]
+    caps = [p + r + 5 for r, p in SEQUENCES]
+
+    def rand(*shape, dt=dtype):
+        return torch.randn(*shape, generator=gen).to(dt)
+
+    keys = [[rand(kv_heads, c, dim, dt=kv_dtype) for c in caps] for _ in range(layers)]
+    values = [[rand(kv_heads, c, dim_v, dt=kv_dtype) for c in caps] for _ in range(layers)]
+    table = torch.tensor([[b.data_ptr() for b in keys[i]] for i in range(layers)]
+                         + [[b.data_ptr() for b in values[i]] for i in range(layers)]
+                         + [starts, rows, pasts, caps], dtype=torch.int64)
+    q, k, v = rand(sum(rows), heads, dim), rand(sum(rows), kv_heads, dim), rand(sum(rows), kv_heads, dim_v)
+    return q, k, v, keys, values, table, starts, rows, pasts
+
+
+@pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                             (torch.bfloat16, torch.bfloat16)])
+# SmolLM2's 9 heads over 3 kv heads, Qwen2.5's 14 over 2, plain multi-head, a value size of its own
+@pytest.mark.parametrize("heads, kv_heads, dim, dim_v", [(9, 3, 64, 64), (14, 2, 64, 64), (4, 4, 32, 32),
+                                                         (6, 2, 16, 40)])
+@pytest.mark.parametrize("window", [None, 6, 100])
+def test_native_attention_matches_the_reference_and_writes_only_the_new_rows(dtype, kv_dtype, heads, kv_heads, dim,
+                                                                             dim_v, window):
+    q, k, v, keys, values, table, starts, rows, pasts = case(dtype, kv_dtype, heads, kv_heads, dim, dim_v)
+    layer = 1
+    ref_k = [b.float() for b in keys[layer]]
+    ref_v = [b.float() for b in values[layer]]
+    others = [b.clone() for b in keys[0] + keys[2] + values[0] + values[2]]
+    out = torch.full((q.shape[0], heads, dim_v), float("nan"))
+    load(dim, dim_v).attend(q, k, v, out, table, 3, layer, dim ** -0.5, window, kv_dtype)
+    # fp32 arithmetic on the same (rounded) inputs: fp32 reassociation is the only difference
+    want = attention_reference(q.float(), k.float(), v.float(), ref_k, ref_v, starts, rows, pasts, window=window)
+    assert (out - want).abs().max().item() <= 2e-5
+    # the new rows landed at [past, past + rows) of this layer's buffers, exactly; nothing else moved
+    for got, expected in zip(keys[layer] + values[layer], ref_k + ref_v):
+        assert torch.equal(got.float(), expected)
+    assert all(torch.equal(a, b) for a, b in zip(keys[0] + keys[2] + values[0] + values[2], others))
+
+
+def test_native_attention_honours_strides_scale_and_thread_counts():
+    q, k, v, keys, values, table, starts, rows, pasts = case(torch.float32, torch.float32, 9, 3, 64, 64)
+    strided = q.transpose(0, 1).contiguous().transpose(0, 1)  # [heads, T, dim] viewed as [T, heads, dim]
+    assert not strided.is_contiguous()
+    before = [b.clone() for b in keys[0] + values[0]]
+    lib = load(64, 64)
+    outs = []
+    for threads in (1, 2):
+        for b, saved in zip(keys[0] + values[0], before):
+            b.copy_(saved)
+        out = torch.empty(q.shape[0], 9, 64)
+        lib.attend(strided, k, v, out, table, 3, 0, 0.3, threads=threads)
+        outs.append(out)
+    want = attention_reference(q, k, v, [b.clone() for b in before[:6]], [b.clone() for b in before[6:]], starts, rows,
+                               pasts, scale=0.3)
+    assert (outs[0] - want).abs().max().item() <= 2e-5
+    assert torch.equal(outs[0], outs[1])  # work items are independent: the thread count changes nothing
+
+
+def test_bad_arguments_are_named():
+    q, k, v, keys, values, table, *_ = case(torch.float32, torch.float32, 9, 3, 64, 64)
+    lib = load(64, 64)
+    out = torch.empty(q.shape[0], 9, 64)
+    with pytest.raises(ValueError, match="share fp32 or bf16"):
+        lib.attend(q.half(), k.half(), v.half(), out, table, 3, 0, 0.125)
+    with pytest.raises(ValueError, match="built for 64/64"):
+        lib.attend(q[..., :32], k[..., :32], v, out, table, 3, 0, 0.125)
+    with pytest.raises(ValueError, match="KV buffers of torch.bfloat16 take torch.bfloat16 rows"):
+        lib.attend(q, k, v, out, table, 3, 0, 0.125, kv_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="table must be"):
+        lib.attend(q, k, v, out, table[:5], 3, 0, 0.125)
+    with pytest.raises(ValueError, match="out must be"):
+        lib.attend(q, k, v, out.bfloat16(), table, 3, 0, 0.125)
+
+
+def test_no_compiler_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "no-such-cc")
+    with pytest.raises(RuntimeError, match="no C compiler \\('no-such-cc' not found; set CC\\)"):
+        load(24, 24, tmp_path)
+
+
+def test_the_engine_picks_the_native_attention_on_a_cpu_and_falls_back_when_it_fails(tiny_normal_loaded,
+                                                                                    monkeypatch, caplog, tmp_path):
+    import kernels.cpu_attention
+    from structspec.engine.runner import make_runner
+
+    runner = make_runner(tiny_normal_loaded.model, "auto", cache_dir=tmp_path)
+    assert runner.batched and runner.attention == "native" and runner.native is not None
+    assert list(tmp_path.glob("cpu_attention_*.so"))  # built where the engine was told
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("no kernel today")
+
+    monkeypatch.setattr(kernels.cpu_attention.NativeAttention, "attend", broken)
+    with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
+        runner = make_runner(tiny_normal_loaded.model, "auto", cache_dir=tmp_path)
+    assert runner.batched and runner.attention == "torch"
+    assert "the native attention failed its check (no kernel today); using the torch attention" in caplog.text
+    assert make_runner(tiny_normal_loaded.model, "torch").attention == "torch"
