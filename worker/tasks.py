@@ -80,26 +80,36 @@ class _Process:
 
     def _engine_locked(self, settings: Settings):
         if self._engine is None:
-            from structspec.engine.engine import Engine
-
-            if not self.forking:
-                settings.apply_torch_threads()
-            log.info("loading model %r", settings.model)
-            self._engine = Engine.from_settings(settings)
-            log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB, dtype %s, "
-                     "%s forward, %d linear layers prepacked",
-                     f"batched ({self._engine.runner.attention} attention)" if self._engine.batched
-                     else "one sequence per forward pass (model cannot batch)",
-                     self._engine.scheduler.max_seqs, self._engine.kv.budget_bytes // (1 << 20),
-                     self._engine.loaded.dtype_note, self._engine.forward_name, self._engine.packed_linears)
+            self._engine = self._build(settings)
         return self._engine
 
+    def _build(self, settings: Settings):
+        from structspec.engine.engine import Engine
+
+        if not self.forking:
+            settings.apply_torch_threads()
+        log.info("loading model %r", settings.model)
+        engine = Engine.from_settings(settings)
+        log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB, dtype %s, "
+                 "%s forward, %d linear layers prepacked",
+                 f"batched ({engine.runner.attention} attention)" if engine.batched
+                 else "one sequence per forward pass (model cannot batch)",
+                 engine.scheduler.max_seqs, engine.kv.budget_bytes // (1 << 20),
+                 engine.loaded.dtype_note, engine.forward_name, engine.packed_linears)
+        return engine
+
     def loop(self, settings: Settings):
+        """The engine loop; without an engine yet (the threads pool) the loop's thread builds it,
+        so that one thread does all of the process's torch work (engine/loop.py says why)."""
         with self._lock:
             if self._loop is None:
                 from structspec.engine.loop import EngineLoop
 
-                self._loop = EngineLoop(self._engine_locked(settings))
+                if self._engine is not None:  # a prefork child: its parent built it
+                    self._loop = EngineLoop(self._engine)
+                else:
+                    self._loop = EngineLoop(lambda: self._build(settings))
+                    self._engine = self._loop.engine
             return self._loop
 
     def submissions(self, settings: Settings):

@@ -3,6 +3,13 @@
 Requests from many callers join the same running batch: each `submit` returns a Future that
 resolves to the request's ExtractResult (or raises what Engine.submit raises for a request
 that cannot run). The engine itself is only ever touched by the loop thread.
+
+Given a factory instead of an engine, the loop thread builds the engine itself, so that the
+process's torch work (model load, start-up checks, every step) runs in one thread. That matters
+on a CPU: torch's OpenMP runtime (libgomp) keeps a thread pool per thread that ran a parallel
+region, and once the pools' threads outnumber the cores it stops spin-waiting between
+regions, so every operator pays futex wake-ups. An engine built in the main thread and stepped
+in this one ran a batch 1.3x slower (docs/benchmarks.md, "The service path").
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 
 from structspec.engine.engine import Engine
@@ -19,13 +27,22 @@ log = logging.getLogger(__name__)
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, name: str = "engine-loop"):
-        self.engine = engine
+    """`engine`: an Engine, or a callable that builds one (in the loop thread; the constructor
+    returns once it is built and raises what building raised)."""
+
+    def __init__(self, engine: Engine | Callable[[], Engine], name: str = "engine-loop"):
+        self.engine: Engine | None = engine if isinstance(engine, Engine) else None
+        self._factory = None if isinstance(engine, Engine) else engine
         self._inbox: queue.Queue = queue.Queue()
         self._futures: dict[str, Future] = {}
         self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._build_error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        self._ready.wait()
+        if self._build_error is not None:
+            raise self._build_error
 
     def submit(self, request: Request) -> "Future[ExtractResult]":
         future: Future = Future()
@@ -64,6 +81,14 @@ class EngineLoop:
             self.engine.cancel(payload)
 
     def _run(self) -> None:
+        if self._factory is not None:
+            try:
+                self.engine = self._factory()
+            except BaseException as e:  # the constructor re-raises it in the caller's thread
+                self._build_error = e
+                self._ready.set()
+                return
+        self._ready.set()
         while not self._stop.is_set():
             self._drain(block=not self.engine.has_work())
             if not self.engine.has_work():
