@@ -11,7 +11,7 @@ in a thread) when the event says the job may have changed. What sets the events:
   has committed, so a woken request always reads the committed row. A dropped listener
   reconnects with backoff; until it is back every waiter re-reads its row each `POLL_S`, and
   on reconnecting every waiter is woken once (a notification sent meanwhile is lost).
-- **SQLite** (the embedded default, no NOTIFY): one poller per process reads, each `POLL_S`,
+- **SQLite** (the embedded default, no NOTIFY): one poller per process reads, each `SQLITE_POLL_S`,
   the status and output length of every job a request waits on, in one query, and wakes the
   requests whose job changed. The cost is one small query per tick while anyone waits, however
   many wait.
@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-POLL_S = 0.2  # SQLite poller tick; also every waiter's own re-read while the PG listener is down
+POLL_S = 0.2  # every waiter's own re-read while the PG listener is down
+SQLITE_POLL_S = 0.05  # the SQLite poller's tick: a lone job's reply waits half of it on average
 SAFETY_S = 5.0  # a waiter re-reads its row at least this often, notified or not
 RECONNECT_S = (0.5, 10.0)  # the listener's backoff: first pause, longest pause
 
@@ -152,7 +153,7 @@ class JobWaiter:
     async def _poll(self) -> None:
         seen: dict[uuid.UUID, Any] = {}
         while True:
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(SQLITE_POLL_S)
             ids = list(self._waiters)
             if not ids:
                 seen.clear()
