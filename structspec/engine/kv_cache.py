@@ -337,27 +337,41 @@ def upcast_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: to
     for the whole step, the result rounded back once); a first prefill chunk attends over its
     own rows in the model's dtype, and a long later chunk over its slot rounded down.
     Returns [1, T, heads, Dv]."""
-    gqa = query.shape[1] != key.shape[1]
     q32 = query.float()
     out = torch.empty(query.shape[:-1] + (value.shape[-1],), dtype=torch.float32, device=query.device)
     for seg in step.segments:
-        k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
-        end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
-        k_buf[:, seg.past:end] = key[0, :, rows]
-        v_buf[:, seg.past:end] = value[0, :, rows]
-        mask = seg.mask(window, query.device)
-        causal = mask is None and seg.rows > 1
-        if attends_in_fp32(seg):  # decode, verification: fp32
-            q, keys, values = q32[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0)
-        elif seg.past == 0:  # a first chunk attends to its own rows alone
-            q, keys, values = query[:, :, rows], key[:, :, rows], value[:, :, rows]
+        rows = slice(seg.start, seg.start + seg.rows)
+        if attends_in_fp32(seg):  # decode, verification: fp32 over the slot
+            k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
+            end = seg.past + seg.rows
+            k_buf[:, seg.past:end] = key[0, :, rows]
+            v_buf[:, seg.past:end] = value[0, :, rows]
+            out[:, :, rows] = F.scaled_dot_product_attention(
+                q32[:, :, rows], k_buf[:, :end].unsqueeze(0), v_buf[:, :end].unsqueeze(0),
+                attn_mask=seg.mask(window, query.device), scale=scaling, enable_gqa=query.shape[1] != key.shape[1])
         else:
-            q = query[:, :, rows]
-            keys = k_buf[:, :end].to(query.dtype).unsqueeze(0)
-            values = v_buf[:, :end].to(query.dtype).unsqueeze(0)
-        out[:, :, rows] = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
-                                                         scale=scaling, enable_gqa=gqa)
+            out[:, :, rows] = prefill_attention(seg, layer, query, key, value, window, scaling)
     return out.to(query.dtype).transpose(1, 2)
+
+
+def prefill_attention(seg: Segment, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      window: int | None, scaling: float | None) -> torch.Tensor:
+    """A prefill chunk's rows written into its slot and attended in the model's dtype by SDPA: a
+    first chunk over its own rows, a later one over its slot (cast to the model's dtype where
+    the slot holds fp32). [1, heads, rows, Dv]; query/key/value as ragged_attention gets them."""
+    k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
+    end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
+    k_buf[:, seg.past:end] = key[0, :, rows]
+    v_buf[:, seg.past:end] = value[0, :, rows]
+    mask = seg.mask(window, query.device)
+    if seg.past == 0:
+        keys, values = key[:, :, rows], value[:, :, rows]
+    else:
+        keys = k_buf[:, :end].to(query.dtype).unsqueeze(0)
+        values = v_buf[:, :end].to(query.dtype).unsqueeze(0)
+    return F.scaled_dot_product_attention(query[:, :, rows], keys, values, attn_mask=mask,
+                                          is_causal=mask is None and seg.rows > 1, scale=scaling,
+                                          enable_gqa=query.shape[1] != key.shape[1])
 
 
 def attends_in_fp32(seg: Segment) -> bool:
@@ -379,21 +393,9 @@ def native_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: to
         kv_dtype = step.segments[0].slot.keys[layer].dtype
         step.native.attend(q, k, v, out, table, layers, layer,
                            scaling if scaling is not None else query.shape[-1] ** -0.5, window, kv_dtype)
-    gqa = query.shape[1] != key.shape[1]
     for seg in prefill:
-        k_buf, v_buf = seg.slot.keys[layer], seg.slot.values[layer]
-        end, rows = seg.past + seg.rows, slice(seg.start, seg.start + seg.rows)
-        k_buf[:, seg.past:end] = key[0, :, rows]
-        v_buf[:, seg.past:end] = value[0, :, rows]
-        mask = seg.mask(window, query.device)
-        if seg.past == 0:  # a first chunk attends to its own rows alone
-            keys, values = key[:, :, rows], value[:, :, rows]
-        else:
-            keys = k_buf[:, :end].to(query.dtype).unsqueeze(0)
-            values = v_buf[:, :end].to(query.dtype).unsqueeze(0)
-        out[rows] = F.scaled_dot_product_attention(query[:, :, rows], keys, values, attn_mask=mask,
-                                                   is_causal=mask is None and seg.rows > 1, scale=scaling,
-                                                   enable_gqa=gqa)[0].transpose(0, 1)
+        out[seg.start:seg.start + seg.rows] = prefill_attention(seg, layer, query, key, value, window,
+                                                                scaling)[0].transpose(0, 1)
     return out.to(query.dtype).unsqueeze(0)
 
 
