@@ -241,11 +241,7 @@ class Step:
     def tables(self, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(key addresses [S], value addresses [S], [start, rows, past, capacity] [4, S]) of a layer."""
         if self._tables is None:
-            segs = self.segments
-            addresses = torch.tensor([seg.slot.addresses for seg in segs], dtype=torch.int64).t()
-            meta = torch.tensor([[seg.start for seg in segs], [seg.rows for seg in segs],
-                                 [seg.past for seg in segs], [seg.slot.capacity for seg in segs]], dtype=torch.int64)
-            self._tables = torch.cat([addresses, meta]).to(device)
+            self._tables = segment_table(self.segments).to(device)
         layers = (self._tables.shape[0] - 4) // 2
         return self._tables[layer], self._tables[layers + layer], self._tables[2 * layers:]
 
@@ -255,15 +251,19 @@ class Step:
         if self._native_split is None:
             short = [seg for seg in self.segments if attends_in_fp32(seg)]
             rest = [seg for seg in self.segments if not attends_in_fp32(seg)]
-            if short:
-                table = torch.cat([torch.tensor([seg.slot.addresses for seg in short], dtype=torch.int64).t(),
-                                   torch.tensor([[seg.start for seg in short], [seg.rows for seg in short],
-                                                 [seg.past for seg in short], [seg.slot.capacity for seg in short]],
-                                                dtype=torch.int64)]).contiguous()
-            else:
-                table = torch.empty(0, 0, dtype=torch.int64)
+            table = segment_table(short).contiguous() if short else torch.empty(0, 0, dtype=torch.int64)
             self._native_split = (table, rest)
         return self._native_split
+
+
+def segment_table(segments: list[Segment]) -> torch.Tensor:
+    """int64 [2 * layers + 4, S] on the CPU: every layer's key buffer address per segment, then
+    every layer's value buffer address, then start, rows, past and capacity (the layout the
+    Triton and native attentions read)."""
+    addresses = torch.tensor([seg.slot.addresses for seg in segments], dtype=torch.int64).t()
+    meta = torch.tensor([[seg.start for seg in segments], [seg.rows for seg in segments],
+                         [seg.past for seg in segments], [seg.slot.capacity for seg in segments]], dtype=torch.int64)
+    return torch.cat([addresses, meta])
 
 
 # The step being run (set by the runner around one forward pass). A context variable rather
