@@ -7,75 +7,27 @@ table as the Triton kernels (kernels/attention.py) and does every listed sequenc
 attention for one layer in a single call: K and V read once per (sequence, kv head) for all
 its query heads and rows, fp32 arithmetic, the work split over torch's OpenMP threads.
 
-It is compiled here, at first use, by the system's C compiler (``$CC``, else ``cc``) for the
-model's head sizes and this CPU (``-march=native``), into a cache directory keyed by the
-source, the flags and the CPU's feature flags; ``load`` raises ``RuntimeError`` saying why
-when there is no compiler or the build fails, and the engine keeps the torch path.
+It is built at first use for the model's head sizes and this CPU by kernels/native.py; ``load``
+raises ``RuntimeError`` saying why when there is no compiler or the build fails, and the
+engine keeps the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import torch
 
+from kernels import native
+
 __all__ = ["NativeAttention", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math",
-         "-fassociative-math", "-fno-signed-zeros")
+FLAGS = ("-fassociative-math", "-fno-signed-zeros")
 _LOCK = threading.Lock()
 _LOADED: dict[tuple[int, int, str], "NativeAttention"] = {}
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-def _compiler() -> str:
-    cc = os.environ.get("CC") or "cc"
-    path = shutil.which(cc)
-    if path is None:
-        raise RuntimeError(f"no C compiler ({cc!r} not found; set CC)")
-    return path
-
-
-def _build(head_dim: int, value_dim: int, cache_dir: Path) -> Path:
-    cc = _compiler()
-    source = SOURCE.read_bytes()
-    defines = (f"-DHEAD_DIM={head_dim}", f"-DVALUE_DIM={value_dim}")
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS + defines).encode(), _cpu_flags().encode(),
-                                     platform.machine().encode(), cc.encode()])).hexdigest()[:16]
-    target = cache_dir / f"cpu_attention_{head_dim}_{value_dim}_{key}.so"
-    if target.exists():
-        return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=cache_dir)
-    os.close(fd)
-    try:
-        done = subprocess.run([cc, *FLAGS, *defines, str(SOURCE), "-o", tmp], capture_output=True, text=True,
-                              timeout=120)
-        if done.returncode != 0:
-            raise RuntimeError(f"{Path(cc).name} failed on {SOURCE.name}: {done.stderr.strip()[-400:]}")
-        os.replace(tmp, target)  # atomic: a worker beside this one never loads half a file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 class NativeAttention:
@@ -129,10 +81,10 @@ class NativeAttention:
 
 def load(head_dim: int, value_dim: int, cache_dir: Path | str | None = None) -> NativeAttention:
     """The attention library for these head sizes, built on first use (RuntimeError: why not)."""
-    cache = Path(cache_dir) if cache_dir is not None else (
-        Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "structspec" / "kernels")
+    cache = native.cache_dir(cache_dir)
     with _LOCK:
         k = (head_dim, value_dim, str(cache))
         if k not in _LOADED:
-            _LOADED[k] = NativeAttention(_build(head_dim, value_dim, cache), head_dim, value_dim)
+            path = native.build(SOURCE, FLAGS + (f"-DHEAD_DIM={head_dim}", f"-DVALUE_DIM={value_dim}"), cache)
+            _LOADED[k] = NativeAttention(path, head_dim, value_dim)
         return _LOADED[k]

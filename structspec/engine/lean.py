@@ -13,6 +13,12 @@ model's own forward through the same attention; in fp32 the fused GEMMs sum in a
 (last bits). runner.with_lean checks it against the model's own forward at start-up and keeps
 the model's forward when it differs.
 
+On a CPU, with the native attention, the steps between the GEMMs (residual add + RMSNorm,
+rotary, SiLU x up) run fused in C (kernels/cpu_layer.c: one call and one pass each instead of
+~20 operators a layer); rotary and the adds round exactly as torch does, RMSNorm and SiLU
+within the last bits of fp32, so the check against the model's own forward holds within its
+tolerance rather than bit for bit.
+
 Served: decoder layers shaped like transformers' LlamaDecoderLayer (q/k/v/o projections, a
 gated SiLU MLP, RMSNorm before attention and MLP, rotary from the model's `rotary_emb`), with
 or without biases on any projection, no per-head q/k norms, no sliding window. Anything else: the
@@ -127,7 +133,7 @@ class LeanForward:
     """`model`'s forward for packed rows, in fewer operator calls (module docstring). Build with
     `build()`, which says why a model cannot run it."""
 
-    def __init__(self, model, pack: bool):
+    def __init__(self, model, pack: bool, ops=None):
         inner = model.model
         cfg = model.config
         self.model = model
@@ -142,15 +148,16 @@ class LeanForward:
         self.scaling = first.scaling
         self.layers = [LeanLayer(layer, pack) for layer in inner.layers]
         self.packed = pack
+        self.ops = ops  # kernels.cpu_layer.LayerOps: the elementwise steps fused in C; None: eager torch
 
     @classmethod
-    def build(cls, model, pack: bool) -> tuple["LeanForward | None", str]:
-        """(the lean forward, "") or (None, why not)."""
+    def build(cls, model, pack: bool, ops=None) -> tuple["LeanForward | None", str]:
+        """(the lean forward, "") or (None, why not); `ops` as LeanForward.ops."""
         why = unsupported(model)
         if why is not None:
             return None, why
         pack = pack and can_pack(model) is None
-        return cls(model, pack), ""
+        return cls(model, pack, ops), ""
 
     def packed_linears(self) -> int:
         """Linear layers this forward runs through prepacked weights (the fused ones count once)."""
@@ -167,6 +174,8 @@ class LeanForward:
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
         """Logits [R, V] of `logits_rows` of the packed rows (input_ids, positions: [T]); the
         attention reads the step set in kv_cache.CURRENT."""
+        if self.ops is not None:
+            return self._fused(input_ids, positions, logits_rows)
         x = self.embed(input_ids)
         rows = x.shape[0]
         cos, sin = self.rotary(x, positions.unsqueeze(0))
@@ -185,3 +194,26 @@ class LeanForward:
             gate_up = layer.gate_up(rms_norm(x, layer.norm2, layer.eps2))
             x = x + layer.down(F.silu(gate_up[:, :layer.intermediate]) * gate_up[:, layer.intermediate:])
         return self.lm_head(rms_norm(x[logits_rows], self.norm, self.eps))
+
+    def _fused(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
+        """__call__ with the elementwise steps in C (self.ops): the residual stream x is updated
+        in place, rotary is applied in place to the q/k columns of the qkv GEMM's output."""
+        ops = self.ops
+        x = self.embed(input_ids)
+        rows = x.shape[0]
+        cos, sin = self.rotary(x, positions.unsqueeze(0))
+        cos, sin = cos[0], sin[0]  # [T, D], x's dtype
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        q_width, qk_width = h * d, (h + kvh) * d
+        y = None  # the last sublayer's output, not yet added to x
+        for layer in self.layers:
+            qkv = layer.qkv(ops.add_rms_norm(x, y, layer.norm1, layer.eps1))
+            ops.rotary_(qkv, cos, sin, h + kvh, d)
+            query = qkv[:, :q_width].view(rows, h, d).transpose(0, 1).unsqueeze(0)
+            key = qkv[:, q_width:qk_width].view(rows, kvh, d).transpose(0, 1).unsqueeze(0)
+            value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
+            out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
+            hidden = ops.add_rms_norm(x, layer.o(out.reshape(rows, -1)), layer.norm2, layer.eps2)
+            y = layer.down(ops.silu_mul(layer.gate_up(hidden)))
+        last = x[logits_rows] + y[logits_rows]
+        return self.lm_head(ops.add_rms_norm(last, None, self.norm, self.eps))

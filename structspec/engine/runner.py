@@ -229,19 +229,32 @@ def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
     probe's logits agree with the model's own; else `runner` as it was (logged, with why)."""
     model = runner.model
     name = getattr(model.config, "model_type", type(model).__name__)
-    lean, why = LeanForward.build(model, pack)
+    ops = None
+    if runner.attention == "native":  # the elementwise steps in C too (kernels/cpu_layer.c)
+        try:
+            from kernels.cpu_layer import load
+
+            ops = load(runner.cache_dir)
+        except Exception as e:  # no compiler, a failed build: eager torch between the GEMMs
+            log.warning("model %s: the fused layer steps are unavailable (%s); running them in torch", name, e)
+    lean, why = LeanForward.build(model, pack, ops)
     if lean is None:
         log.info("model %s runs its own forward (the lean forward does not serve it: %s)", name, why)
         return runner
     lean_runner = BatchedRunner(model, runner.layout, runner.attention, lean, runner.cache_dir)
-    try:
-        ids, positions, reference = _probe_inputs(model)
-        _check(lean_runner, ids, positions, reference)
-    except Exception as e:  # any failure keeps the model's own forward
-        log.warning("model %s: the lean forward failed its check (%s); running the model's own forward", name, e)
-        lean.release()
-        return runner
-    return lean_runner
+    ids, positions, reference = _probe_inputs(model)
+    while True:
+        try:
+            _check(lean_runner, ids, positions, reference)
+            return lean_runner
+        except Exception as e:  # fused steps first fall back to torch's; then the model's own forward
+            if lean.ops is not None:
+                log.warning("model %s: the fused layer steps failed the check (%s); running them in torch", name, e)
+                lean.ops = None
+                continue
+            log.warning("model %s: the lean forward failed its check (%s); running the model's own forward", name, e)
+            lean.release()
+            return runner
 
 
 def estimate_layout(model) -> KVLayout:

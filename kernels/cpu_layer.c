@@ -1,0 +1,175 @@
+/* The elementwise steps of a Llama-shaped decoder layer, fused, for the CPU (bf16 or fp32).
+ *
+ * Eager torch runs each of these as several operators (a residual add, then RMSNorm as a cast,
+ * a square, a mean, an rsqrt, two multiplies and a cast back; rotary as two multiplies, a
+ * negation, a concatenation and an add; SiLU and a multiply), each a pass over memory and a few
+ * microseconds of dispatch. Here each is one pass and one call. The arithmetic follows
+ * transformers' Llama code operation by operation, rounding to bf16 where it rounds:
+ *
+ *   add_rms_norm  x = x + y (rounded to x's dtype); h = w * round(x * rsqrt(mean(x^2) + eps))
+ *                 with the normalisation in fp32 (fp32 models: h = x * rstd * w in fp32)
+ *   rotary        q' = round(q * cos) + round(rotate_half(q) * sin), rounded, in place
+ *   silu_mul      out = round(round(silu(gate)) * up)
+ *
+ * Rotary and the residual add are bit-identical to eager torch (built with -ffp-contract=off:
+ * no product is fused into an add). The RMSNorm mean sums in another order and SiLU's exp is
+ * this file's own polynomial (within 2 ulp of expf), so those differ from torch's in the last
+ * fp32 bits, and in bf16 by one unit of the last place where a value lies at a rounding
+ * boundary. Rows are split over OpenMP threads when there are enough of them to pay for it.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PARALLEL_MIN_ELEMENTS 65536 /* below this, one thread: a fork costs more than the work */
+
+/* 16 lanes (one AVX-512 register; two AVX2 ones) through gcc's vector extensions */
+#define W 16
+typedef float vf __attribute__((vector_size(4 * W)));
+typedef int32_t vi __attribute__((vector_size(4 * W)));
+typedef uint32_t vu __attribute__((vector_size(4 * W)));
+typedef uint16_t vh __attribute__((vector_size(2 * W)));
+
+static inline vf bits_f(vu u) { vf f; memcpy(&f, &u, sizeof f); return f; }
+static inline vu f_bits(vf f) { vu u; memcpy(&u, &f, sizeof u); return u; }
+
+/* mask ? a : b, lane by lane (mask: a comparison's all-ones or zero lanes) */
+static inline vf select(vi mask, vf a, vf b) { return bits_f((f_bits(a) & (vu)mask) | (f_bits(b) & ~(vu)mask)); }
+
+/* fp32 -> bf16 bits, round to nearest even, as torch's conversion (NaN: a quiet NaN) */
+static inline vu bf16_bits(vf f) {
+    vu u = f_bits(f);
+    vu r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    vu nan = (vu)(f != f);
+    return (r & ~nan) | (nan & 0x7fc0u);
+}
+
+/* `m` <= W elements at p (fp32, or bf16 when bf16) as fp32 lanes; the rest zero */
+static inline vf load(const void *p, int64_t i, int64_t m, int bf16) {
+    if (bf16) {
+        vh h = {0};
+        if (m >= W)  /* a whole vector: one load (a variable-size copy would go through the stack) */
+            memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        else
+            memcpy(&h, (const uint16_t *)p + i, 2 * m);
+        return bits_f(__builtin_convertvector(h, vu) << 16);
+    }
+    vf f = {0};
+    if (m >= W)
+        memcpy(&f, (const float *)p + i, sizeof f);
+    else
+        memcpy(&f, (const float *)p + i, 4 * m);
+    return f;
+}
+
+/* the first `m` lanes of v to p, rounded to bf16 when bf16 */
+static inline void store(void *p, int64_t i, int64_t m, vf v, int bf16) {
+    if (bf16) {
+        vh h = __builtin_convertvector(bf16_bits(v), vh);
+        if (m >= W)
+            memcpy((uint16_t *)p + i, &h, sizeof h);
+        else
+            memcpy((uint16_t *)p + i, &h, 2 * m);
+    } else if (m >= W) {
+        memcpy((float *)p + i, &v, sizeof v);
+    } else {
+        memcpy((float *)p + i, &v, 4 * m);
+    }
+}
+
+/* v rounded to the element type (bf16: to the nearest bf16, as an eager bf16 operator's result) */
+static inline vf rounded(vf v, int bf16) { return bf16 ? bits_f(bf16_bits(v) << 16) : v; }
+
+/* e^x for x <= 0: Cody-Waite reduction and a degree-6 polynomial, within 2 ulp of expf; the
+ * power of two applied in two halves, so results below 2^-126 come out as expf's denormals */
+static inline vf exp_nonpos(vf x) {
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
+    x = select(x < -104.0f, (vf){0} - 104.0f, x); /* e^-104 is below the smallest denormal */
+    vf k = (x * 1.44269504088896341f + shifter) - shifter;
+    vf r = x - k * 0.693359375f;
+    r = r + k * 2.12194440e-4f;
+    vf p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f
+           + r * 0.00138888892f)))));
+    vi ki = __builtin_convertvector(k, vi), k1 = ki >> 1, k2 = ki - k1;
+    return p * bits_f((vu)((k1 + 127) << 23)) * bits_f((vu)((k2 + 127) << 23));
+}
+
+/* x / (1 + e^-x), without overflow: for x < 0 as x e^x / (1 + e^x) */
+static inline vf silu(vf x) {
+    vi neg = x < 0.0f;
+    vf e = exp_nonpos(select(neg, x, -x));
+    return select(neg, x * e, x) / (1.0f + e);
+}
+
+static inline int parallel(int64_t rows, int64_t width, int threads) {
+    return threads > 1 && rows > 1 && rows * width >= PARALLEL_MIN_ELEMENTS;
+}
+
+/* x [rows, n] (row stride xs) += y [rows, n] (row stride ys; none when y is NULL), then
+ * h [rows, n] (row stride hs) = RMSNorm(x) * w. */
+void structspec_add_rms_norm(void *x, int64_t xs, const void *y, int64_t ys, const void *w, void *h, int64_t hs,
+                             int64_t rows, int64_t n, float eps, int bf16, int threads) {
+    int64_t size = bf16 ? 2 : 4;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(rows, n, threads))
+    for (int64_t t = 0; t < rows; t++) {
+        char *xr = (char *)x + t * xs * size;
+        vf sq = {0};
+        for (int64_t i = 0; i < n; i += W) {
+            vf v = load(xr, i, n - i, bf16);
+            if (y) {
+                v = rounded(v + load((const char *)y + t * ys * size, i, n - i, bf16), bf16);
+                store(xr, i, n - i, v, bf16);
+            }
+            sq += v * v;
+        }
+        float sum = 0.0f;
+        for (int j = 0; j < W; j++) sum += sq[j];
+        float rstd = 1.0f / sqrtf(sum / (float)n + eps);
+        char *hr = (char *)h + t * hs * size;
+        for (int64_t i = 0; i < n; i += W) {
+            vf v = load(xr, i, n - i, bf16), wv = load(w, i, n - i, bf16);
+            /* bf16: round(x * rstd), then times the weight (rounded by store); fp32: x * rstd * w */
+            store(hr, i, n - i, bf16 ? wv * rounded(v * rstd, 1) : v * rstd * wv, bf16);
+        }
+    }
+}
+
+/* Rotary embedding in place on `heads` heads of `d` values each at the start of every row of
+ * qk (row stride qs; heads contiguous), with cos and sin [rows, d] (row stride cs). */
+void structspec_rotary(void *qk, int64_t qs, int64_t heads, int64_t d, const void *cos, const void *sin,
+                       int64_t cs, int64_t rows, int bf16, int threads) {
+    int64_t half = d / 2, size = bf16 ? 2 : 4;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(rows, heads * d, threads))
+    for (int64_t t = 0; t < rows; t++) {
+        const char *c = (const char *)cos + t * cs * size, *s = (const char *)sin + t * cs * size;
+        for (int64_t hh = 0; hh < heads; hh++) {
+            char *q = (char *)qk + (t * qs + hh * d) * size;
+            for (int64_t i = 0; i < half; i += W) {
+                int64_t m = half - i;
+                vf a = load(q, i, m, bf16), b = load(q, half + i, m, bf16);
+                /* q * cos + cat(-q[half:], q[:half]) * sin, each product rounded as torch rounds it */
+                vf lo = rounded(a * load(c, i, m, bf16), bf16) + rounded(-b * load(s, i, m, bf16), bf16);
+                vf hi = rounded(b * load(c, half + i, m, bf16), bf16) + rounded(a * load(s, half + i, m, bf16), bf16);
+                store(q, i, m, lo, bf16);
+                store(q, half + i, m, hi, bf16);
+            }
+        }
+    }
+}
+
+/* out [rows, n] (row stride os) = silu(gu[:, :n]) * gu[:, n:2n] (gu's row stride gs). */
+void structspec_silu_mul(const void *gu, int64_t gs, void *out, int64_t os, int64_t rows, int64_t n, int bf16,
+                         int threads) {
+    int64_t size = bf16 ? 2 : 4;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(rows, n, threads))
+    for (int64_t t = 0; t < rows; t++) {
+        const char *g = (const char *)gu + t * gs * size, *u = g + n * size;
+        char *o = (char *)out + t * os * size;
+        for (int64_t i = 0; i < n; i += W) {
+            vf act = rounded(silu(load(g, i, n - i, bf16)), bf16);
+            store(o, i, n - i, act * load(u, i, n - i, bf16), bf16);
+        }
+    }
+}
+
+int structspec_layer_version(void) { return 1; }

@@ -1,0 +1,119 @@
+"""The elementwise steps of a decoder layer on a CPU, fused in C (kernels/cpu_layer.c).
+
+The lean forward (structspec/engine/lean.py) runs four GEMMs and the attention per layer; what
+lies between them, residual adds, RMSNorm, rotary embeddings and the gated SiLU, is ~20 eager
+operators per layer, each a pass over memory plus microseconds of dispatch: ~7 ms of a 45 ms
+16-row bf16 decode pass and ~40 ms of a 150 ms 512-token prefill chunk on this project's CPU
+(docs/benchmarks.md). These functions do the same in three calls, one pass each:
+
+* ``add_rms_norm(x, y, weight, eps)``: x += y in place (y may be None), returns RMSNorm(x);
+* ``rotary_(qk, cos, sin, heads, head_dim)``: rotary embedding in place on the first
+  ``heads * head_dim`` columns of each row;
+* ``silu_mul(gate_up)``: silu(gate) * up of [rows, 2n] -> [rows, n].
+
+Arithmetic as cpu_layer.c's header says: rotary and the add bit-identical to eager torch,
+RMSNorm and SiLU within the last bits of fp32 (in bf16: one unit in the last place at a rounding
+boundary). fp32 or bf16, rows of any stride with a unit last stride. Built at first use by
+kernels/native.py (``load`` raises ``RuntimeError`` saying why not).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import torch
+
+from kernels import native
+
+__all__ = ["LayerOps", "load"]
+
+SOURCE = Path(__file__).with_name("cpu_layer.c")
+FLAGS = ("-ffp-contract=off",)  # no product fused into an add: rotary and the add round as torch does
+_LOCK = threading.Lock()
+_LOADED: dict[str, "LayerOps"] = {}
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _rows(t: torch.Tensor, name: str, dtype: torch.dtype | None = None) -> None:
+    if t.dim() != 2 or t.stride(1) != 1:
+        raise ValueError(f"{name} must be 2-D [rows, n] with a unit last stride, got shape {tuple(t.shape)} "
+                         f"strides {t.stride()}")
+    if t.dtype not in _DTYPES or (dtype is not None and t.dtype != dtype):
+        raise ValueError(f"{name} must be {dtype or 'fp32 or bf16'}, got {t.dtype}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got {t.device}")
+
+
+class LayerOps:
+    """The compiled library (one per CPU and build flags; it does not depend on the model)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        if lib.structspec_layer_version() != 1:
+            raise RuntimeError(f"{path} is another version of {SOURCE.name}")
+        i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+        self._norm = lib.structspec_add_rms_norm
+        self._norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, c_float, c_int, c_int]
+        self._rotary = lib.structspec_rotary
+        self._rotary.argtypes = [ptr, i64, i64, i64, ptr, ptr, i64, i64, c_int, c_int]
+        self._silu = lib.structspec_silu_mul
+        self._silu.argtypes = [ptr, i64, ptr, i64, i64, i64, c_int, c_int]
+        for fn in (self._norm, self._rotary, self._silu):
+            fn.restype = None
+        self._lib = lib
+
+    def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
+                     threads: int | None = None) -> torch.Tensor:
+        """x += y in place (skipped when y is None); returns RMSNorm(x) * weight, a new [rows, n]."""
+        _rows(x, "x")
+        if y is not None:
+            _rows(y, "y", x.dtype)
+            if y.shape != x.shape:
+                raise ValueError(f"y {tuple(y.shape)} and x {tuple(x.shape)} differ in shape")
+        if weight.dtype != x.dtype or weight.shape != (x.shape[1],) or not weight.is_contiguous():
+            raise ValueError(f"weight must be contiguous {x.dtype} [{x.shape[1]}], got {weight.dtype} "
+                             f"{tuple(weight.shape)}")
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self._norm(x.data_ptr(), x.stride(0), None if y is None else y.data_ptr(), 0 if y is None else y.stride(0),
+                   weight.data_ptr(), out.data_ptr(), out.stride(0), x.shape[0], x.shape[1], eps,
+                   int(x.dtype == torch.bfloat16), threads or torch.get_num_threads())
+        return out
+
+    def rotary_(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int,
+                threads: int | None = None) -> None:
+        """Rotary embedding in place on columns [0, heads * head_dim) of qk [rows, >= that], with
+        cos and sin [rows, head_dim] of qk's dtype."""
+        _rows(qk, "qk")
+        for t, name in ((cos, "cos"), (sin, "sin")):
+            _rows(t, name, qk.dtype)
+            if t.shape != (qk.shape[0], head_dim):
+                raise ValueError(f"{name} must be [{qk.shape[0]}, {head_dim}], got {tuple(t.shape)}")
+        if cos.stride(0) != sin.stride(0):
+            raise ValueError("cos and sin must share a row stride")
+        if head_dim % 2 or heads * head_dim > qk.shape[1]:
+            raise ValueError(f"{heads} heads of {head_dim} do not fit rows of {qk.shape[1]} (or {head_dim} is odd)")
+        self._rotary(qk.data_ptr(), qk.stride(0), heads, head_dim, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
+                     qk.shape[0], int(qk.dtype == torch.bfloat16), threads or torch.get_num_threads())
+
+    def silu_mul(self, gate_up: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """silu(gate_up[:, :n]) * gate_up[:, n:], a new [rows, n] (n = half of gate_up's width)."""
+        _rows(gate_up, "gate_up")
+        if gate_up.shape[1] % 2:
+            raise ValueError(f"gate_up's width {gate_up.shape[1]} is odd")
+        n = gate_up.shape[1] // 2
+        out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype)
+        self._silu(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0), gate_up.shape[0], n,
+                   int(gate_up.dtype == torch.bfloat16), threads or torch.get_num_threads())
+        return out
+
+
+def load(cache_dir: Path | str | None = None) -> LayerOps:
+    """The layer library, built on first use (RuntimeError: why not)."""
+    cache = native.cache_dir(cache_dir)
+    with _LOCK:
+        if str(cache) not in _LOADED:
+            _LOADED[str(cache)] = LayerOps(native.build(SOURCE, FLAGS, cache))
+        return _LOADED[str(cache)]

@@ -1,0 +1,73 @@
+"""Building this project's C kernels (kernels/*.c) for the CPU they run on.
+
+Each is compiled at first use by the system's C compiler (``$CC``, else ``cc``) with
+``-O3 -march=native`` and OpenMP into a cache directory, under a name keyed by the source, the
+flags, the CPU's feature flags and the compiler, so a changed source or another CPU builds
+anew and a worker beside this one never loads half a file (the build lands by an atomic
+rename). OpenMP is linked by soname, so the library shares the libgomp torch already loaded
+(one thread pool). ``build`` raises ``RuntimeError`` saying why when there is no compiler or
+the build fails; callers keep their torch path then.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
+
+
+def cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def compiler() -> str:
+    cc = os.environ.get("CC") or "cc"
+    path = shutil.which(cc)
+    if path is None:
+        raise RuntimeError(f"no C compiler ({cc!r} not found; set CC)")
+    return path
+
+
+def cache_dir(given: Path | str | None = None) -> Path:
+    """`given`, else $XDG_CACHE_HOME/structspec/kernels (~/.cache when unset)."""
+    if given is not None:
+        return Path(given)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "structspec" / "kernels"
+
+
+def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None) -> Path:
+    """The shared library of `source` built with FLAGS + `flags` under `cache` (built if absent)."""
+    cc = compiler()
+    directory = cache_dir(cache)
+    text = source.read_bytes()
+    all_flags = FLAGS + tuple(flags)
+    key = hashlib.sha256(b"\0".join([text, " ".join(all_flags).encode(), cpu_flags().encode(),
+                                     platform.machine().encode(), cc.encode()])).hexdigest()[:16]
+    suffix = "_".join(f.split("=", 1)[1] for f in flags if f.startswith("-D") and "=" in f)
+    target = directory / f"{source.stem}{'_' + suffix if suffix else ''}_{key}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *all_flags, str(source), "-o", tmp], capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(cc).name} failed on {source.name}: {done.stderr.strip()[-400:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
