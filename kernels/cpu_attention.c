@@ -62,127 +62,257 @@ static inline float exp_nonpos(float x) {
     return p * s;
 }
 
-typedef float v8 __attribute__((vector_size(32)));
+#if D % 16 == 0 && DV % 16 == 0
+#define VW 16 /* lanes: one AVX-512 register (two AVX2 ones) */
+#else
+#define VW 8
+#endif
+typedef float vf __attribute__((vector_size(4 * VW)));
+/* Software prefetch: the hardware's streams alone kept a step at ~14 GB/s, half of what this
+ * machine reads. While q.K reads a run of keys, the keys PREFETCH_KEYS ahead and the values of
+ * the same keys are requested (the values into L2, for P.V) */
+#define PREFETCH_KEYS 64
 #define NB 64    /* keys per block: a block's keys (or values) in fp32 stay in L1 for every query */
-#define VD (D / 8)
-#define VDV (DV / 8)
+#define VD (D / VW)
+#define VDV (DV / VW)
+#if defined(__AVX512BF16__) && D % 32 == 0 && VW == 16
+#include <immintrin.h>
+#define DPBF16 1 /* q.K straight from bf16 keys: vdpbf16ps, fp32 sums of exact bf16 products */
+#else
+#define DPBF16 0
+#endif
 
-/* The eight sums of a0..a7's lanes, as one vector (the vhaddps tree). */
-static inline v8 sum8(v8 a0, v8 a1, v8 a2, v8 a3, v8 a4, v8 a5, v8 a6, v8 a7) {
-#define HADD(a, b) (__builtin_shufflevector(a, b, 0, 2, 8, 10, 4, 6, 12, 14) + \
-                    __builtin_shufflevector(a, b, 1, 3, 9, 11, 5, 7, 13, 15))
-    v8 t0 = HADD(a0, a1), t1 = HADD(a2, a3), t2 = HADD(a4, a5), t3 = HADD(a6, a7);
-    v8 u0 = HADD(t0, t1), u1 = HADD(t2, t3);
-#undef HADD
+/* The VW sums of a[0..VW-1]'s lanes, as one vector (lane i: the sum of a[i]): a transposing
+ * tree of two-input shuffles and adds. */
+static inline vf sum_lanes(vf *a) {
+#if VW == 16
+#define LO8(x, y) __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+#define HI8(x, y) __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31)
+#define LO4(x, y) __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+#define HI4(x, y) __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31)
+#define LO2(x, y) __builtin_shufflevector(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+#define HI2(x, y) __builtin_shufflevector(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31)
+#define LO1(x, y) __builtin_shufflevector(x, y, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+#define HI1(x, y) __builtin_shufflevector(x, y, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31)
+    vf b[8], c[4], d[2];
+    for (int i = 0; i < 8; i++) b[i] = LO8(a[2 * i], a[2 * i + 1]) + HI8(a[2 * i], a[2 * i + 1]);
+    for (int i = 0; i < 4; i++) c[i] = LO4(b[2 * i], b[2 * i + 1]) + HI4(b[2 * i], b[2 * i + 1]);
+    for (int i = 0; i < 2; i++) d[i] = LO2(c[2 * i], c[2 * i + 1]) + HI2(c[2 * i], c[2 * i + 1]);
+    return LO1(d[0], d[1]) + HI1(d[0], d[1]);
+#else
+#define HADD(x, y) (__builtin_shufflevector(x, y, 0, 2, 8, 10, 4, 6, 12, 14) + \
+                    __builtin_shufflevector(x, y, 1, 3, 9, 11, 5, 7, 13, 15))
+    vf t0 = HADD(a[0], a[1]), t1 = HADD(a[2], a[3]), t2 = HADD(a[4], a[5]), t3 = HADD(a[6], a[7]);
+    vf u0 = HADD(t0, t1), u1 = HADD(t2, t3);
     return __builtin_shufflevector(u0, u1, 0, 1, 2, 3, 8, 9, 10, 11) +
            __builtin_shufflevector(u0, u1, 4, 5, 6, 7, 12, 13, 14, 15);
+#endif
 }
 
-/* scores[0:8] = q . kf[0:8] (kf: 8 keys of D fp32, contiguous), eight independent chains */
-static inline void dot8(const v8 *q, const float *kf, float *scores) {
-    v8 a[8] = {0};
+/* the largest of x[0:n] (n >= 1), VW lanes at a time */
+static inline float row_max(const float *x, int64_t n) {
+    typedef int32_t vi __attribute__((vector_size(4 * VW)));
+    vf mv;
+    memcpy(&mv, x, sizeof(float)); /* lane 0: x[0]; spread below */
+    for (int i = 1; i < VW; i++) mv[i] = x[0];
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        vf v;
+        memcpy(&v, x + i, sizeof v);
+        vi gt = v > mv;
+        mv = (vf)(((vi)v & gt) | ((vi)mv & ~gt));
+    }
+    float m = mv[0];
+    for (int l = 1; l < VW; l++) m = mv[l] > m ? mv[l] : m;
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
+/* scores[0:VW] = q . kf[0:VW] (kf: VW keys of D fp32, contiguous), VW independent chains */
+static inline void dot_block(const vf *q, const float *kf, float *scores) {
+    vf a[VW] = {0};
     for (int c = 0; c < VD; c++)
-        for (int kk = 0; kk < 8; kk++) {
-            v8 k;
-            memcpy(&k, kf + kk * D + c * 8, sizeof k);
+        for (int kk = 0; kk < VW; kk++) {
+            vf k;
+            memcpy(&k, kf + kk * D + c * VW, sizeof k);
             a[kk] += q[c] * k;
         }
-    v8 r = sum8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+    vf r = sum_lanes(a);
     memcpy(scores, &r, sizeof r);
 }
 
-/* One (sequence, kv head) work item, for KV buffers of element type KV_T read through TO_F32. */
-#define DEFINE_ATTEND_ITEM(NAME, KV_T, TO_F32, APPEND)                                                        \
-static void NAME(int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,      \
-                 const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,         \
-                 const void *v, int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st,             \
-                 int64_t o_sh, int group, float scale, int64_t window) {                                       \
-    KV_T *keys = (KV_T *)(intptr_t)table[layer * num_seqs + j];                                                \
-    KV_T *values = (KV_T *)(intptr_t)table[(layers + layer) * num_seqs + j];                                   \
-    const int64_t *meta = table + 2 * layers * num_seqs;                                                       \
-    int64_t start = meta[j], rows = meta[num_seqs + j], past = meta[2 * num_seqs + j];                         \
-    int64_t cap = meta[3 * num_seqs + j];                                                                      \
-    if (rows <= 0) return;                                                                                     \
-    keys += (int64_t)g * cap * D;                                                                              \
-    values += (int64_t)g * cap * DV;                                                                           \
-    int64_t end = past + rows;                                                                                 \
-    for (int64_t i = 0; i < rows; i++) { /* append this item's new keys and values */                          \
-        APPEND(k, in_bf16, (start + i) * k_st + g * k_sh, keys + (past + i) * D, D);                           \
-        APPEND(v, in_bf16, (start + i) * v_st + g * v_sh, values + (past + i) * DV, DV);                       \
-    }                                                                                                          \
-    int64_t nq = (int64_t)group * rows; /* query index qi = head_in_group * rows + row */                      \
-    int64_t lo = 0;                     /* the first key any row of the item sees */                           \
-    if (window > 0 && past - window + 1 > 0) lo = past - window + 1;                                           \
-    int64_t span = end - lo, padded = (span + NB - 1) / NB * NB;                                               \
-    /* queries [nq][D], scores [nq][padded], sums [nq][DV], 1/l [nq], a block of keys or values */             \
-    float *qs = aligned_alloc(64, sizeof(float) * (nq * D + nq * padded + nq * DV + nq + 8 + NB * (D > DV ? D : DV))); \
-    float *scores = qs + nq * D, *acc = scores + nq * padded, *inv = acc + nq * DV;                            \
-    float *block = inv + nq + 8;                                                                               \
-    for (int hl = 0; hl < group; hl++)                                                                         \
-        for (int64_t i = 0; i < rows; i++)                                                                     \
-            load_row(q, in_bf16, (start + i) * q_st + ((int64_t)g * group + hl) * q_sh,                        \
-                     qs + (hl * rows + i) * D, D);                                                             \
-    for (int64_t b = 0; b < span; b += NB) { /* q.K: each block of keys once, for every query */               \
-        int64_t nb = span - b < NB ? span - b : NB;                                                            \
-        const KV_T *kb = keys + (lo + b) * D;                                                                  \
-        for (int64_t e = 0; e < nb * D; e++) block[e] = TO_F32(kb[e]);                                         \
-        memset(block + nb * D, 0, sizeof(float) * (NB - nb) * D);                                              \
-        for (int64_t qi = 0; qi < nq; qi++) {                                                                  \
-            v8 qv[VD];                                                                                         \
-            memcpy(qv, qs + qi * D, sizeof qv);                                                                \
-            for (int64_t kk = 0; kk < nb; kk += 8) dot8(qv, block + kk * D, scores + qi * padded + b + kk);    \
-        }                                                                                                      \
-    }                                                                                                          \
-    for (int64_t qi = 0; qi < nq; qi++) { /* softmax over each row's visible keys [first, pos] */              \
-        int64_t pos = past + qi % rows;                                                                        \
-        int64_t first = (window > 0 && pos - window + 1 > lo) ? pos - window + 1 : lo;                         \
-        float *s = scores + qi * padded;                                                                       \
-        float m = -INFINITY;                                                                                   \
-        for (int64_t n = first - lo; n <= pos - lo; n++) m = s[n] > m ? s[n] : m;                              \
-        m *= scale;                                                                                            \
-        float l = 0.0f;                                                                                        \
-        for (int64_t n = 0; n < padded; n++) {                                                                 \
-            float p = exp_nonpos(s[n] * scale - m);                                                            \
-            p = (n >= first - lo && n <= pos - lo) ? p : 0.0f;                                                 \
-            s[n] = p;                                                                                          \
-            l += p;                                                                                            \
-        }                                                                                                      \
-        inv[qi] = 1.0f / l;                                                                                    \
-    }                                                                                                          \
-    for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */             \
-        int64_t nb = span - b < NB ? span - b : NB;                                                            \
-        const KV_T *vb = values + (lo + b) * DV;                                                               \
-        for (int64_t e = 0; e < nb * DV; e++) block[e] = TO_F32(vb[e]);                                        \
-        for (int64_t qi = 0; qi < nq; qi++) {                                                                  \
-            v8 a[VDV];                                                                                         \
-            if (b == 0) memset(a, 0, sizeof a); else memcpy(a, acc + qi * DV, sizeof a);                       \
-            const float *p = scores + qi * padded + b;                                                         \
-            for (int64_t n = 0; n < nb; n++)                                                                   \
-                for (int c = 0; c < VDV; c++) {                                                                \
-                    v8 x;                                                                                      \
-                    memcpy(&x, block + n * DV + c * 8, sizeof x);                                              \
-                    a[c] += p[n] * x;                                                                          \
-                }                                                                                              \
-            memcpy(acc + qi * DV, a, sizeof a);                                                                \
-        }                                                                                                      \
-    }                                                                                                          \
-    for (int hl = 0; hl < group; hl++)                                                                         \
-        for (int64_t i = 0; i < rows; i++) {                                                                   \
-            int64_t qi = hl * rows + i;                                                                        \
-            float *o = out + (start + i) * o_st + ((int64_t)g * group + hl) * o_sh;                            \
-            for (int d = 0; d < DV; d++) o[d] = acc[qi * DV + d] * inv[qi];                                    \
-        }                                                                                                      \
-    free(qs);                                                                                                  \
+#if DPBF16
+/* scores[0:16] = q . k[0:16] for 16 bf16 keys of D (rows `stride` elements apart) and a bf16
+ * query held as D/32 registers of bf16 pairs */
+static inline void dot_block_bf16(const __m512bh *q, const uint16_t *k, int64_t stride, float *scores) {
+    vf a[16];
+    for (int kk = 0; kk < 16; kk++) {
+        __m512 acc = _mm512_setzero_ps();
+        for (int c = 0; c < D / 32; c++)
+            acc = _mm512_dpbf16_ps(acc, q[c], (__m512bh)_mm512_loadu_si512(k + kk * stride + c * 32));
+        memcpy(&a[kk], &acc, sizeof acc);
+    }
+    vf r = sum_lanes(a);
+    memcpy(scores, &r, sizeof r);
+}
+#endif
+
+/* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32, inlined into one
+ * function per case so that each loop is specialised. */
+static inline __attribute__((always_inline)) void attend_item(
+        const int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
+        const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
+        int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st, int64_t o_sh, int group, float scale,
+        int64_t window) {
+    char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
+    char *values = (char *)(intptr_t)table[(layers + layer) * num_seqs + j];
+    const int64_t *meta = table + 2 * layers * num_seqs;
+    int64_t start = meta[j], rows = meta[num_seqs + j], past = meta[2 * num_seqs + j];
+    int64_t cap = meta[3 * num_seqs + j];
+    if (rows <= 0) return;
+    const int64_t es = kv_bf16 ? 2 : 4; /* bytes per stored element */
+    keys += (int64_t)g * cap * D * es;
+    values += (int64_t)g * cap * DV * es;
+    int64_t end = past + rows;
+    for (int64_t i = 0; i < rows; i++) { /* append this item's new keys and values */
+        if (kv_bf16) {
+            memcpy(keys + (past + i) * D * 2, (const uint16_t *)k + (start + i) * k_st + g * k_sh, 2 * D);
+            memcpy(values + (past + i) * DV * 2, (const uint16_t *)v + (start + i) * v_st + g * v_sh, 2 * DV);
+        } else {
+            load_row(k, in_bf16, (start + i) * k_st + g * k_sh, (float *)keys + (past + i) * D, D);
+            load_row(v, in_bf16, (start + i) * v_st + g * v_sh, (float *)values + (past + i) * DV, DV);
+        }
+    }
+    int64_t nq = (int64_t)group * rows; /* query index qi = head_in_group * rows + row */
+    int64_t lo = 0;                     /* the first key any row of the item sees */
+    if (window > 0 && past - window + 1 > 0) lo = past - window + 1;
+    int64_t span = end - lo, padded = (span + NB - 1) / NB * NB;
+    /* queries [nq][D], scores [nq][padded], sums [nq][DV], 1/l [nq], a block of keys or values */
+    float *qs = aligned_alloc(64, sizeof(float) * (nq * D + nq * padded + nq * DV + nq + 16 + NB * (D > DV ? D : DV)));
+    float *scores = qs + nq * D, *acc = scores + nq * padded, *inv = acc + nq * DV;
+    float *block = inv + nq + 16 - (nq % 16); /* 64-byte aligned */
+    for (int hl = 0; hl < group; hl++)
+        for (int64_t i = 0; i < rows; i++)
+            load_row(q, in_bf16, (start + i) * q_st + ((int64_t)g * group + hl) * q_sh, qs + (hl * rows + i) * D, D);
+#if DPBF16
+    if (kv_bf16 && in_bf16) { /* q.K from the bf16 keys as they are: no conversion pass */
+        uint16_t tail[16 * D] __attribute__((aligned(64)));
+        for (int64_t qi = 0; qi < nq; qi++) {
+            __m512bh qv[D / 32];
+            const uint16_t *qrow = (const uint16_t *)q + (start + qi % rows) * q_st +
+                                   ((int64_t)g * group + qi / rows) * q_sh;
+            for (int c = 0; c < D / 32; c++) qv[c] = (__m512bh)_mm512_loadu_si512(qrow + c * 32);
+            float *s = scores + qi * padded;
+            const uint16_t *kb = (const uint16_t *)keys + lo * D;
+            int64_t b = 0;
+            for (; b + 16 <= span; b += 16) {
+                if (qi == 0) { /* the first query streams the keys: ask for the next ones and this group's values */
+                    const char *ahead = (const char *)(kb + (b + PREFETCH_KEYS) * D);
+                    const char *vals = (const char *)((const uint16_t *)values + (lo + b) * DV);
+                    for (int l = 0; l < 16 * D * 2; l += 64) {
+                        __builtin_prefetch(ahead + l, 0, 3);
+                        __builtin_prefetch(vals + l * DV / D, 0, 2);
+                    }
+                }
+                dot_block_bf16(qv, kb + b * D, D, s + b);
+            }
+            if (b < span) { /* the last keys, padded with zeros */
+                memset(tail, 0, sizeof tail);
+                memcpy(tail, kb + b * D, 2 * D * (span - b));
+                dot_block_bf16(qv, tail, D, s + b);
+                b += 16;
+            }
+            memset(s + b, 0, sizeof(float) * (padded - b)); /* the block's rest: zeros, as below */
+        }
+    } else
+#endif
+    for (int64_t b = 0; b < span; b += NB) { /* q.K: each block of keys once, for every query */
+        int64_t nb = span - b < NB ? span - b : NB;
+        const char *ahead = keys + (lo + b + PREFETCH_KEYS) * D * es, *vals = values + (lo + b) * DV * es;
+        for (int64_t l = 0; l < NB * D * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+        for (int64_t l = 0; l < NB * DV * es; l += 64) __builtin_prefetch(vals + l, 0, 2);
+        if (kv_bf16) {
+            const uint16_t *kb = (const uint16_t *)keys + (lo + b) * D;
+            for (int64_t e = 0; e < nb * D; e++) block[e] = bf16_to_f32(kb[e]);
+        } else {
+            memcpy(block, (const float *)keys + (lo + b) * D, sizeof(float) * nb * D);
+        }
+        memset(block + nb * D, 0, sizeof(float) * (NB - nb) * D);
+        for (int64_t qi = 0; qi < nq; qi++) {
+            vf qv[VD];
+            memcpy(qv, qs + qi * D, sizeof qv);
+            for (int64_t kk = 0; kk < nb; kk += VW) dot_block(qv, block + kk * D, scores + qi * padded + b + kk);
+        }
+    }
+    for (int64_t qi = 0; qi < nq; qi++) { /* softmax over each row's visible keys [first, pos] */
+        int64_t pos = past + qi % rows;
+        int64_t first = (window > 0 && pos - window + 1 > lo) ? pos - window + 1 : lo;
+        float *s = scores + qi * padded;
+        float m = row_max(s + (first - lo), pos - first + 1) * scale;
+        float l = 0.0f;
+        for (int64_t n = 0; n < padded; n++) {
+            float p = exp_nonpos(s[n] * scale - m);
+            p = (n >= first - lo && n <= pos - lo) ? p : 0.0f;
+            s[n] = p;
+            l += p;
+        }
+        inv[qi] = 1.0f / l;
+    }
+    for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
+        int64_t nb = span - b < NB ? span - b : NB;
+        if (kv_bf16) {
+            const uint16_t *vb = (const uint16_t *)values + (lo + b) * DV;
+            for (int64_t e = 0; e < nb * DV; e++) block[e] = bf16_to_f32(vb[e]);
+        } else {
+            memcpy(block, (const float *)values + (lo + b) * DV, sizeof(float) * nb * DV);
+        }
+        for (int64_t qi = 0; qi < nq; qi++) {
+            vf a0[VDV], a1[VDV] = {0}; /* even and odd keys: two chains per lane */
+            if (b == 0) memset(a0, 0, sizeof a0); else memcpy(a0, acc + qi * DV, sizeof a0);
+            const float *p = scores + qi * padded + b;
+            int64_t n = 0;
+            for (; n + 1 < nb; n += 2)
+                for (int c = 0; c < VDV; c++) {
+                    vf x0, x1;
+                    memcpy(&x0, block + n * DV + c * VW, sizeof x0);
+                    memcpy(&x1, block + (n + 1) * DV + c * VW, sizeof x1);
+                    a0[c] += p[n] * x0;
+                    a1[c] += p[n + 1] * x1;
+                }
+            for (; n < nb; n++)
+                for (int c = 0; c < VDV; c++) {
+                    vf x0;
+                    memcpy(&x0, block + n * DV + c * VW, sizeof x0);
+                    a0[c] += p[n] * x0;
+                }
+            for (int c = 0; c < VDV; c++) a0[c] += a1[c];
+            memcpy(acc + qi * DV, a0, sizeof a0);
+        }
+    }
+    for (int hl = 0; hl < group; hl++)
+        for (int64_t i = 0; i < rows; i++) {
+            int64_t qi = hl * rows + i;
+            float *o = out + (start + i) * o_st + ((int64_t)g * group + hl) * o_sh;
+            for (int d = 0; d < DV; d++) o[d] = acc[qi * DV + d] * inv[qi];
+        }
+    free(qs);
 }
 
-static inline float f32_id(float x) { return x; }
-/* bf16 buffers take bf16 rows as they are (the model's own values: no rounding anywhere) */
-static inline void copy_bf16_row(const void *base, int in_bf16, int64_t off, uint16_t *dst, int dim) {
-    (void)in_bf16;
-    memcpy(dst, (const uint16_t *)base + off, sizeof(uint16_t) * dim);
+static void attend_item_f32(int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
+                            const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,
+                            const void *v, int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st,
+                            int64_t o_sh, int group, float scale, int64_t window) {
+    attend_item(0, j, g, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh, v, v_st, v_sh, in_bf16, out,
+                o_st, o_sh, group, scale, window);
 }
-DEFINE_ATTEND_ITEM(attend_item_f32, float, f32_id, load_row)
-DEFINE_ATTEND_ITEM(attend_item_bf16, uint16_t, bf16_to_f32, copy_bf16_row)
+
+static void attend_item_bf16(int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
+                             const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,
+                             const void *v, int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st,
+                             int64_t o_sh, int group, float scale, int64_t window) {
+    attend_item(1, j, g, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh, v, v_st, v_sh, in_bf16, out,
+                o_st, o_sh, group, scale, window);
+}
 
 /* Append and attend, for one layer, every sequence in `table` (see the top of the file).
  * q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, DV]: fp32 (in_bf16 = 0) or bf16, strides
