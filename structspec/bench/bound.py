@@ -13,7 +13,8 @@
   multiples of that bound and of the larger of it and the 16 rows' GEMMs at the measured
   decode-shaped GEMM rate (on 2 cores the compute floor is the higher one); each without and
   with the linear layers prepacked (engine/packed.py), and prepacked through the lean forward
-  (engine/lean.py), then that with the native attention (kernels/cpu_attention.c, the default);
+  (engine/lean.py), then that with the native attention (kernels/cpu_attention.c), then that
+  with the layer's elementwise steps fused in C (kernels/cpu_layer.c; the default);
   and a 512-token prefill chunk (logits of its last row only, as the
   engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (2 x parameters
   x tokens, attention left out: a lower estimate of the work);
@@ -104,31 +105,69 @@ def engine_passes(engine, repeats: int = 5) -> dict:
     return shapes
 
 
-def profile_decode(engine, sequences: int = 16, top: int = 12) -> dict:
-    """Where a decode pass of `sequences` x 1 row at CONTEXT tokens spends its time: torch's
-    profiler over three passes, the operators by self CPU time (calls per pass and ms per pass)."""
+def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) -> dict:
+    """Where a decode pass of `sequences` x 1 row at CONTEXT tokens spends its time, two ways:
+    wall time by part (the linear layers, the native attention's C call, the fused layer steps,
+    the rest: Python and torch's other operators), by timers around those calls; and torch's
+    profiler by operator (its own overhead inflates small operators, and it does not see the C
+    calls). Only the decode passes are measured, not the prefill that fills the context."""
     from torch.profiler import ProfilerActivity, profile
 
-    from structspec.bench.passes import pass_shapes
+    from structspec.bench.passes import context_slots, step_over
+    from structspec.engine.packed import PackedLinear
 
-    shape = ((sequences, 1),)
-    pass_shapes(engine, (CONTEXT,), 1, shape)  # warm-up
+    runner = engine.runner
+    step = step_over(context_slots(engine, sequences, CONTEXT, 1), sequences, 1, CONTEXT, runner.device)
+    runner.forward(step)  # warm-up
+    parts: dict[str, float] = {}
+    lean = getattr(runner, "lean", None)
+    timed = [(PackedLinear, "forward", "linear layers"), (torch.nn.Linear, "forward", "linear layers")]
+    if runner.native is not None:
+        timed.append((runner.native, "attend", "native attention"))
+    if lean is not None and lean.ops is not None:
+        timed += [(lean.ops, name, "fused layer steps") for name in ("add_rms_norm", "rotary_", "silu_mul")]
+    saved = [(obj, name, getattr(obj, name)) for obj, name, _ in timed]  # classes: their functions
+
+    def timer(fn, part):
+        def run(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                parts[part] = parts.get(part, 0.0) + time.perf_counter() - t
+        return run
+
+    for obj, name, part in timed:
+        setattr(obj, name, timer(getattr(obj, name), part))
+    try:
+        start = time.perf_counter()
+        for _ in range(passes):
+            runner.forward(step)
+        total = time.perf_counter() - start
+    finally:
+        for obj, name, fn in saved:
+            if isinstance(obj, type):
+                setattr(obj, name, fn)
+            else:  # the timer shadowed the class's method on the instance
+                delattr(obj, name)
+    parts["the rest"] = total - sum(parts.values())
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        pass_shapes(engine, (CONTEXT,), 2, shape)  # 3 passes: pass_shapes runs repeats + 1
+        for _ in range(passes):
+            runner.forward(step)
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
     rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
-    passes = 3
-    return {"sequences": sequences, "context": CONTEXT, "ms_per_pass_profiled": round(total / 1000 / passes, 2),
-            "ops": [{"op": e.key, "calls_per_pass": e.count // passes,
-                     "ms_per_pass": round(e.self_cpu_time_total / 1000 / passes, 2)} for e in rows]}
+    return {"sequences": sequences, "context": CONTEXT, "ms_per_pass": round(total / passes * 1000, 2),
+            "ms_per_pass_by_part": {k: round(v / passes * 1000, 2) for k, v in parts.items()},
+            "torch_profiler_ops": [{"op": e.key, "calls_per_pass": e.count // passes,
+                                    "ms_per_pass": round(e.self_cpu_time_total / 1000 / passes, 2)} for e in rows]}
 
 
 def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = False, packed: bool = True,
-                  lean: bool = True, kernel_backend: str = "auto") -> dict:
+                  lean: bool = True, kernel_backend: str = "auto", fused: bool = True) -> dict:
     """The default model in `dtype`, its linear layers prepacked or not (engine/packed.py), through
     the lean forward (engine/lean.py) or its own, its attention as `kernel_backend` picks it
-    ("torch": SDPA per sequence; "auto" on a CPU: the native kernel)."""
+    ("torch": SDPA per sequence; "auto" on a CPU: the native kernel), the lean forward's
+    elementwise steps fused in C where the engine picks that (`fused`; False: torch's)."""
     from structspec.engine.engine import Engine
     from structspec.engine.model import load_model
 
@@ -136,6 +175,9 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     params = sum(p.numel() for p in loaded.model.parameters())
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
     engine = Engine(loaded, kernel_backend=kernel_backend, engine_packed_linear=packed, engine_lean_forward=lean)
+    lean_forward = getattr(engine.runner, "lean", None)
+    if lean_forward is not None and not fused:
+        lean_forward.ops = None  # the same forward with torch's elementwise operators
     passes = engine_passes(engine)
     bound_ms = nbytes / (bandwidth * 1e9) * 1000
     # 16 rows multiply every weight: at the measured decode-shaped GEMM rate that is a second
@@ -143,6 +185,7 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
     prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
     return {"dtype": dtype, "forward": engine.forward_name, "attention": engine.runner.attention,
+            "layer_steps": "fused" if lean_forward is not None and lean_forward.ops is not None else "torch",
             "packed_linears": engine.packed_linears,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),
@@ -166,12 +209,13 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
     f32, b16 = out["gemm_gflops"]["float32"]["prefill"], out["gemm_gflops"]["bfloat16"]["prefill"]
     out["bf16_over_fp32_gemm"] = round(b16 / f32, 2)
     # each dtype without, then with, prepacked linear layers, both through the model's own forward,
-    # then prepacked through the lean forward, then the engine's default (that, with the native
-    # attention): each step's gain in the same run
-    steps = ((False, False, "torch"), (True, False, "torch"), (True, True, "torch"), (True, True, "auto"))
-    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and backend == "auto",
-                                   packed, lean, backend)
-                     for d in dtypes for packed, lean, backend in steps]
+    # then prepacked through the lean forward, then that with the native attention, then the
+    # engine's default (that, with the fused layer steps): each step's gain in the same run
+    steps = ((False, False, "torch", False), (True, False, "torch", False), (True, True, "torch", False),
+             (True, True, "auto", False), (True, True, "auto", True))
+    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and fused,
+                                   packed, lean, backend, fused)
+                     for d in dtypes for packed, lean, backend, fused in steps]
     return out
 
 
@@ -187,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     for m in report["models"]:
-        print(f"{m['dtype']} ({m['forward']} forward, {m['attention']} attention, {m['packed_linears']} linear "
+        print(f"{m['dtype']} ({m['forward']} forward, {m['attention']} attention, {m['layer_steps']} layer steps, "
+              f"{m['packed_linears']} linear "
               f"layers prepacked): weights {m['weight_bytes'] / 1e6:.0f} MB, "
               f"read once in {m['weight_read_ms']} ms at {report['memory_gbps']} GB/s, 16 rows' GEMMs "
               f"{m['compute_16_rows_ms']} ms at the decode GEMM rate; decode 16x1 {m['pass_ms']['16x1']} ms = "

@@ -18,6 +18,36 @@ from structspec.engine.runner import StepInputs
 SHAPES = ((1, 1), (1, 16), (16, 1), (16, 2), (1, 32), (32, 1))  # (sequences, rows each)
 
 
+def context_slots(engine: Engine, count: int, context: int, room: int) -> list[Slot]:
+    """`count` of the runner's slots, each holding the same `context` tokens (random ids, one
+    prefill, then copies) with `room` tokens free after them."""
+    runner, dev = engine.runner, engine.runner.device
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(1, engine.loaded.vocab_size - 1, (context,), generator=gen)
+    first = Slot(runner.layout, context + room, dev)
+    runner.forward(StepInputs(ids.to(dev), torch.arange(context, device=dev), [Segment(first, 0, context, 0)],
+                              torch.tensor([context - 1], device=dev)))
+    slots = [first]
+    for _ in range(count - 1):
+        slot = Slot(runner.layout, context + room, dev)
+        for dst, src in zip(slot.keys + slot.values, first.keys + first.values):
+            dst[:, :context].copy_(src[:, :context])
+        slots.append(slot)
+    return slots
+
+
+def step_over(slots: list[Slot], sequences: int, rows: int, context: int, device) -> StepInputs:
+    """A pass of `rows` new rows for each of the first `sequences` slots after `context` tokens
+    (their lengths reset to `context`, so it can run again), logits for every row."""
+    segs, pos = [], []
+    for b in range(sequences):
+        slots[b].length = context
+        segs.append(Segment(slots[b], b * rows, rows, context))
+        pos += range(context, context + rows)
+    return StepInputs(torch.full((sequences * rows,), 5, device=device), torch.tensor(pos, device=device), segs,
+                      torch.arange(sequences * rows, device=device))
+
+
 def pass_shapes(engine: Engine, contexts: tuple[int, ...], repeats: int = 3,
                 shapes: tuple[tuple[int, int], ...] = SHAPES) -> list[dict]:
     """Milliseconds of one forward pass by shape: the same rows as one sequence's draft or as one
@@ -29,30 +59,13 @@ def pass_shapes(engine: Engine, contexts: tuple[int, ...], repeats: int = 3,
         return out
     dev = runner.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda *_: None)
-    on = lambda t: t.to(dev)  # noqa: E731
-    gen = torch.Generator().manual_seed(0)
     longest = max(rows for _, rows in shapes)
     for ctx in contexts:
-        ids = torch.randint(1, engine.loaded.vocab_size - 1, (ctx,), generator=gen)
-        first = Slot(runner.layout, ctx + longest, dev)
-        runner.forward(StepInputs(on(ids), on(torch.arange(ctx)), [Segment(first, 0, ctx, 0)],
-                                  on(torch.tensor([ctx - 1]))))
-        slots = [first]
-        for _ in range(max(n for n, _ in shapes) - 1):
-            slot = Slot(runner.layout, ctx + longest, dev)
-            for dst, src in zip(slot.keys + slot.values, first.keys + first.values):
-                dst[:, :ctx].copy_(src[:, :ctx])
-            slots.append(slot)
+        slots = context_slots(engine, max(n for n, _ in shapes), ctx, longest)
         times: dict = {s: [] for s in shapes}
         for i in range(repeats + 1):  # the first round warms up (CUDA: kernels, allocator)
             for n, rows in (shapes if i % 2 == 0 else shapes[::-1]):
-                segs, pos = [], []
-                for b in range(n):
-                    slots[b].length = ctx
-                    segs.append(Segment(slots[b], b * rows, rows, ctx))
-                    pos += range(ctx, ctx + rows)
-                step = StepInputs(on(torch.full((n * rows,), 5)), on(torch.tensor(pos)), segs,
-                                  on(torch.arange(n * rows)))
+                step = step_over(slots, n, rows, ctx, dev)
                 sync(dev)
                 t = time.perf_counter()
                 runner.forward(step)
@@ -61,5 +74,5 @@ def pass_shapes(engine: Engine, contexts: tuple[int, ...], repeats: int = 3,
                     times[(n, rows)].append(time.perf_counter() - t)
         out += [{"context": ctx, "sequences": n, "rows_each": rows, "rows": n * rows,
                  "ms": round(statistics.median(times[(n, rows)]) * 1000, 3)} for n, rows in shapes]
-        del slots, first
+        del slots
     return out
