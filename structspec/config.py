@@ -42,7 +42,7 @@ class Settings:
     max_tokens: int = 1024
     torch_threads: int = 0  # 0 = torch's default; 1 is often faster on a busy 2-core machine
     # Batched engine (structspec/engine): sequences decoded together, and their KV memory.
-    engine_max_seqs: int = 16  # most sequences in one forward pass; 1 = one document at a time
+    engine_max_seqs: int = 32  # most sequences in one forward pass; 1 = one document at a time
     # KV of running sequences (reserved for their worst case) + prefix cache; 0 = auto: 2048 on a
     # CPU, on CUDA half the device memory free once the model is loaded (Engine.kv_budget_bytes)
     engine_kv_budget_mb: int = 0

@@ -185,7 +185,7 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
     prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
     return {"dtype": dtype, "forward": engine.forward_name, "attention": engine.runner.attention,
-            "layer_steps": "fused" if lean_forward is not None and lean_forward.ops is not None else "torch",
+            "layer_steps": engine.layer_steps,
             "packed_linears": engine.packed_linears,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),

@@ -137,6 +137,13 @@ class Engine:
         """Which forward pass runs the model: "lean" (engine/lean.py) or "model" (its own)."""
         return "lean" if getattr(self.runner, "lean", None) is not None else "model"
 
+    @property
+    def layer_steps(self) -> str:
+        """How the lean forward runs the steps between its GEMMs: "fused" (kernels/cpu_layer.c)
+        or "torch" (torch's operators; also the answer for the model's own forward)."""
+        lean = getattr(self.runner, "lean", None)
+        return "fused" if lean is not None and lean.ops is not None else "torch"
+
     # --- requests ------------------------------------------------------------------------------
 
     def default_options(self) -> RequestOptions:

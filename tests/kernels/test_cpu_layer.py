@@ -194,3 +194,11 @@ def test_a_failing_build_or_check_keeps_the_eager_steps(monkeypatch, caplog, tmp
         runner = make_runner(model, "auto", lean=True, cache_dir=tmp_path)
     assert runner.attention == "native" and runner.lean is not None and runner.lean.ops is None
     assert "the fused layer steps failed the check" in caplog.text
+
+
+def test_the_engine_says_which_layer_steps_it_runs(tiny_normal_loaded):
+    from structspec.engine.engine import Engine
+
+    engine = Engine(tiny_normal_loaded)  # kernel_backend auto, on a CPU
+    assert engine.forward_name == "lean" and engine.runner.attention == "native" and engine.layer_steps == "fused"
+    assert Engine(tiny_normal_loaded, kernel_backend="torch").layer_steps == "torch"

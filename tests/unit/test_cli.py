@@ -95,6 +95,7 @@ def test_auto_strategy_learns_in_the_local_database(capsys, monkeypatch, tmp_pat
         # the first line says what ran: the engine's model and dtype (and why that dtype)
         assert found[0]["engine"]["dtype"] == "float32" and found[0]["engine"]["dtype_note"]
         assert found[0]["engine"]["attention"] == tiny_engine.runner.attention  # native, torch or triton
+        assert found[0]["engine"]["layer_steps"] == tiny_engine.layer_steps  # fused or torch
         lines += found[1:]
     assert [x["selected_by"] for x in lines] == ["selected"] * 4
     # a new schema probes every proposer first, at a draft length of the configured grid
