@@ -11,9 +11,9 @@ class TokenText:
     """Exact bytes of every token (byte-level BPE tokens are not valid UTF-8 on their own)."""
 
     def __init__(self, hf_tokenizer, vocab_size: int):
-        import llguidance.hf
+        from structspec.grammar.llguidance_backend import llguidance_tokenizer
 
-        lt = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        lt = llguidance_tokenizer(hf_tokenizer, vocab_size)
         self.hf = hf_tokenizer
         self.vocab_size = vocab_size
         grammar_special = {i for i in range(vocab_size) if lt.is_special_token(i)}  # no bytes for the grammar

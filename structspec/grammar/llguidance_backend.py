@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -73,16 +75,29 @@ class LLGuidanceGrammar:
         return LLGuidanceMatcher(LLMatcher(self._tokenizer, self._grammar, log_level=0, limits=self._limits))
 
 
+_TOKENIZERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_TOKENIZERS_LOCK = threading.Lock()
+
+
+def llguidance_tokenizer(hf_tokenizer, vocab_size: int):
+    """llguidance's tokenizer for `hf_tokenizer` over `vocab_size` ids, built once per tokenizer
+    object (~0.35 s for a 49k vocabulary; the grammar backend and engine/tokens.py both need it)."""
+    import llguidance.hf  # imports transformers: kept off the API's schema-check path
+
+    with _TOKENIZERS_LOCK:
+        built = _TOKENIZERS.setdefault(hf_tokenizer, {})
+        if vocab_size not in built:
+            built[vocab_size] = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+        return built[vocab_size]
+
+
 class LLGuidanceBackend:
     name = "llguidance"
 
     def __init__(self, hf_tokenizer, vocab_size: int | None = None, limits: GrammarLimits | None = None,
                  whitespace: str = DEFAULT_WHITESPACE):
-        import llguidance.hf  # imports transformers: kept off the API's schema-check path
-
-        # ~0.5 s for a 49k vocab: build once per tokenizer.
         self.vocab_size = vocab_size or len(hf_tokenizer)
-        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size)
+        self.tokenizer = llguidance_tokenizer(hf_tokenizer, self.vocab_size)
         self.limits = limits or GrammarLimits()
         self.whitespace = check_whitespace(whitespace)
 
