@@ -157,8 +157,8 @@ static inline void dot_block_bf16(const __m512bh *q, const uint16_t *k, int64_t 
 }
 #endif
 
-/* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32, inlined into one
- * function per case so that each loop is specialised. */
+/* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
+ * called with a literal kv_bf16, so that each case's loops are specialised. */
 static inline __attribute__((always_inline)) void attend_item(
         const int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
         const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
@@ -188,14 +188,18 @@ static inline __attribute__((always_inline)) void attend_item(
     if (window > 0 && past - window + 1 > 0) lo = past - window + 1;
     int64_t span = end - lo, padded = (span + NB - 1) / NB * NB;
     /* queries [nq][D], scores [nq][padded], sums [nq][DV], 1/l [nq], a block of keys or values */
-    float *qs = aligned_alloc(64, sizeof(float) * (nq * D + nq * padded + nq * DV + nq + 16 + NB * (D > DV ? D : DV)));
+    int64_t block_at = (nq * D + nq * padded + nq * DV + nq + 15) / 16 * 16; /* 64-byte aligned, as qs */
+    float *qs = aligned_alloc(64, sizeof(float) * (block_at + NB * (D > DV ? D : DV)));
     float *scores = qs + nq * D, *acc = scores + nq * padded, *inv = acc + nq * DV;
-    float *block = inv + nq + 16 - (nq % 16); /* 64-byte aligned */
-    for (int hl = 0; hl < group; hl++)
-        for (int64_t i = 0; i < rows; i++)
-            load_row(q, in_bf16, (start + i) * q_st + ((int64_t)g * group + hl) * q_sh, qs + (hl * rows + i) * D, D);
+    float *block = qs + block_at; /* aligned: its vector loads never straddle a cache line */
+    const int direct = DPBF16 && kv_bf16 && in_bf16; /* q.K from bf16 queries and keys as they are */
+    if (!direct) /* else the queries are read as bf16 below, and qs is not used */
+        for (int hl = 0; hl < group; hl++)
+            for (int64_t i = 0; i < rows; i++)
+                load_row(q, in_bf16, (start + i) * q_st + ((int64_t)g * group + hl) * q_sh, qs + (hl * rows + i) * D,
+                         D);
 #if DPBF16
-    if (kv_bf16 && in_bf16) { /* q.K from the bf16 keys as they are: no conversion pass */
+    if (direct) { /* no conversion pass */
         uint16_t tail[16 * D] __attribute__((aligned(64)));
         for (int64_t qi = 0; qi < nq; qi++) {
             __m512bh qv[D / 32];
@@ -298,22 +302,6 @@ static inline __attribute__((always_inline)) void attend_item(
     free(qs);
 }
 
-static void attend_item_f32(int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
-                            const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,
-                            const void *v, int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st,
-                            int64_t o_sh, int group, float scale, int64_t window) {
-    attend_item(0, j, g, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh, v, v_st, v_sh, in_bf16, out,
-                o_st, o_sh, group, scale, window);
-}
-
-static void attend_item_bf16(int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
-                             const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,
-                             const void *v, int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st,
-                             int64_t o_sh, int group, float scale, int64_t window) {
-    attend_item(1, j, g, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh, v, v_st, v_sh, in_bf16, out,
-                o_st, o_sh, group, scale, window);
-}
-
 /* Append and attend, for one layer, every sequence in `table` (see the top of the file).
  * q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, DV]: fp32 (in_bf16 = 0) or bf16, strides
  * in elements; KV buffers fp32 (kv_bf16 = 0) or bf16 (only with bf16 inputs); out [T, heads, DV]
@@ -326,12 +314,12 @@ void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k,
     int64_t items = num_seqs * kv_heads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
-        if (kv_bf16)
-            attend_item_bf16(it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                             k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window);
+        if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
+            attend_item(1, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
+                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window);
         else
-            attend_item_f32(it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                            k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window);
+            attend_item(0, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
+                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window);
     }
 }
 
