@@ -242,10 +242,11 @@ def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
         log.info("model %s runs its own forward (the lean forward does not serve it: %s)", name, why)
         return runner
     lean_runner = BatchedRunner(model, runner.layout, runner.attention, lean, runner.cache_dir)
-    ids, positions, reference = _probe_inputs(model)
+    probe_inputs = None
     while True:
         try:
-            _check(lean_runner, ids, positions, reference)
+            probe_inputs = probe_inputs or _probe_inputs(model)
+            _check(lean_runner, *probe_inputs)
             return lean_runner
         except Exception as e:  # fused steps first fall back to torch's; then the model's own forward
             if lean.ops is not None:
