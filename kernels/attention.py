@@ -162,6 +162,9 @@ def step_tables(k_bufs: list[torch.Tensor], v_bufs: list[torch.Tensor], starts: 
     builds the tables of all its layers at once from addresses its slots keep: kv_cache.py.)"""
     if not (len(k_bufs) == len(v_bufs) == len(starts) == len(rows) == len(pasts)):
         raise ValueError("k_bufs, v_bufs, starts, rows and pasts must have one entry per sequence")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # "cuda" means the current device; tensors say cuda:N
+        device = torch.device("cuda", torch.cuda.current_device())
     caps = []
     for i, (k, v) in enumerate(zip(k_bufs, v_bufs)):
         if not (k.is_contiguous() and v.is_contiguous()):

@@ -84,7 +84,10 @@ def test_bad_tables_and_shapes_are_named():
     with pytest.raises(ValueError, match="must be contiguous"):
         step_tables([b.transpose(1, 2).contiguous().transpose(1, 2) for b in k_bufs], v_bufs, starts, rows, pasts,
                     DEVICE)
-    tables = step_tables(k_bufs, v_bufs, starts, rows, pasts, DEVICE)
+    with pytest.raises(ValueError, match=f"the KV buffers of sequence 0 are on {DEVICE.type}.*, not meta"):
+        step_tables(k_bufs, v_bufs, starts, rows, pasts, torch.device("meta"))
+    # a device named without its index ("cuda") is the current one, as the tensors' "cuda:0" says
+    tables = step_tables(k_bufs, v_bufs, starts, rows, pasts, torch.device(DEVICE.type))
     with pytest.raises(ValueError, match="not a multiple"):
         attend(q[:, :3], k, v, *tables, max(rows))
     with pytest.raises(ValueError, match="share a dtype"):
