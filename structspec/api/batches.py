@@ -33,9 +33,16 @@ _OPTION = "NDJSON body only (a JSON body carries its options)"
 
 # The request body, for the document only: the handler reads the raw body itself (NDJSON is
 # not JSON). Entries are documented as they should be; a bad one is reported in `rejected`.
-_ENTRY = Schema(type=OpenAPIType.OBJECT, required=["document"], additional_properties=False,
-                properties={"id": Schema(one_of=[Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.INTEGER)]),
-                            "document": Schema(type=OpenAPIType.STRING, pattern=NO_NUL)})
+_ID = Schema(one_of=[Schema(type=OpenAPIType.STRING), Schema(type=OpenAPIType.INTEGER)])
+_ENTRY = Schema(one_of=[
+    Schema(type=OpenAPIType.OBJECT, required=["document"], additional_properties=False,
+           properties={"id": _ID, "document": Schema(type=OpenAPIType.STRING, pattern=NO_NUL, description="the text")}),
+    Schema(type=OpenAPIType.OBJECT, required=["content"], additional_properties=False,
+           properties={"id": _ID,
+                       "content": Schema(type=OpenAPIType.STRING, description="the document's file, base64: a PDF, "
+                                         "an image (PNG, JPEG, TIFF; read by OCR) or UTF-8 text"),
+                       "media_type": Schema(type=OpenAPIType.STRING, max_length=200,
+                                            description="the file's media type; its first bytes decide first")})])
 BATCH_BODY = RequestBody(required=True, content={
     "application/json": OpenAPIMediaType(schema=Schema(
         type=OpenAPIType.OBJECT, required=["documents", "schema_id"], additional_properties=False,
@@ -46,7 +53,8 @@ BATCH_BODY = RequestBody(required=True, content={
                     "webhook_url": Schema(one_of=[Schema(type=OpenAPIType.STRING, max_length=2048),
                                                   Schema(type=OpenAPIType.NULL)])})),
     NDJSON: OpenAPIMediaType(schema=Schema(
-        type=OpenAPIType.STRING, description='one {"id"?: string | integer, "document": string} per line')),
+        type=OpenAPIType.STRING, description='one {"id"?: string | integer, "document": string} or {"id"?, '
+                                             '"content": base64, "media_type"?: string} per line')),
 })
 
 
@@ -63,9 +71,11 @@ class BatchController(Controller):
     dependencies = {"jobs": Provide(provide_job_service, sync_to_thread=False)}
 
     @post("/", status_code=202, summary="Submit a batch of documents",
-          description="JSON {schema_id, documents: [{id?, document}], options?, webhook_url?}, or an NDJSON "
-                      "body (Content-Type application/x-ndjson, one {id?, document} per line) with schema_id, "
-                      "options and webhook_url as query parameters. Bad entries are listed in `rejected`.",
+          description="JSON {schema_id, documents: [{id?, document} | {id?, content, media_type?}], options?, "
+                      "webhook_url?}, or an NDJSON body (Content-Type application/x-ndjson, one entry per line) "
+                      "with schema_id, options and webhook_url as query parameters. A document is text "
+                      "(`document`) or a file (`content`, base64: PDF, PNG, JPEG, TIFF), read while the request "
+                      "waits. Bad entries are listed in `rejected`.",
           responses=_errors(400, 404, 413, 422, 503), operation_class=BatchSubmitOperation)
     async def submit(
             self, request: Request, jobs: Jobs, idempotency_key: IdempotencyKey = None,

@@ -5,7 +5,8 @@ structspec's own /v1 routes (its /v1/batches in particular): clients set
     POST /openai/v1/chat/completions         response_format json_schema | json_object; one job,
                                              waited on, or streamed as SSE with stream: true
     GET  /openai/v1/models                   the served model
-    POST /openai/v1/files                    multipart upload of a batch input (purpose batch)
+    POST /openai/v1/files                    multipart upload: a batch input (purpose batch) or a
+                                             document for a message's file part (purpose user_data)
     GET  /openai/v1/files[/{id}[/content]]   list, a file's object, or its bytes
     DELETE /openai/v1/files/{id}
     POST /openai/v1/batches                  OpenAI's Batch format, endpoint /v1/chat/completions
@@ -14,7 +15,8 @@ structspec's own /v1 routes (its /v1/batches in particular): clients set
 
 Each request runs as one extraction job through the usual machinery (API keys, tenants, rate
 and size limits, the per-schema statistics and `auto`); its prompt is the request's messages
-through the model's chat template, their text as data (engine/prompt.py). What the routes do is
+through the model's chat template, their text as data (engine/prompt.py); a message's file
+parts (a PDF or an image, inline or uploaded) become the text structspec.ingest reads from them. What the routes do is
 in api/services/openai.py. Errors take OpenAI's shape, {"error": {"message", "type", "param",
 "code"}}, so SDK exceptions carry the message (`openai_error`, chosen by path in api/app.py).
 """
@@ -121,20 +123,24 @@ class OpenAIController(Controller):
 
     # --- files ---------------------------------------------------------------------------------
 
-    @post("/files", status_code=200, summary="Upload a batch input file (multipart: file, purpose)")
+    @post("/files", status_code=200, summary="Upload a file (multipart: file, purpose)",
+          description="purpose batch: a batch's JSONL input; purpose user_data: a document (PDF, PNG, JPEG, TIFF "
+                      "or text) that a chat message's file part names by file_id")
     async def upload_file(self, request: Request, state: State, data: Annotated[
             dict[str, Any], Body(media_type=RequestEncodingType.MULTI_PART)]) -> dict[str, Any]:
         upload, purpose = data.get("file"), data.get("purpose")
         if not isinstance(upload, UploadFile):
             raise bad_request("a multipart field `file` holding the file is required", "file")
         if not isinstance(purpose, str):
-            raise bad_request("a multipart field `purpose` is required (batch)", "purpose")
+            raise bad_request("a multipart field `purpose` is required (batch or user_data)", "purpose")
         content = await upload.read()
-        check_body(content, ndjson=True)
+        if purpose == "batch":  # JSONL text; a user_data file is a document's bytes (a PDF, an image)
+            check_body(content, ndjson=True)
         if "\x00" in (upload.filename or ""):
             raise bad_request("the file name holds U+0000 (NUL)", "file")
         service = batch_service(state, request)
-        return await anyio.to_thread.run_sync(service.upload, upload.filename or "upload.jsonl", purpose, content)
+        return await anyio.to_thread.run_sync(service.upload, upload.filename or "upload.jsonl", purpose, content,
+                                              upload.content_type)
 
     @get("/files", sync_to_thread=True, summary="The tenant's files, newest first")
     def list_files(self, request: Request, state: State, purpose: str | None = None, after: str | None = None,

@@ -208,7 +208,8 @@ class JobRead(msgspec.Struct, kw_only=True):
 
 
 class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """`documents`: objects `{"id"?: str | int, "document": str}`; a bad entry is reported in
+    """`documents`: objects `{"id"?: str | int, "document": str}` (text) or `{"id"?, "content": str,
+    "media_type"?: str}` (a file, base64, as in ExtractionCreate); a bad entry is reported in
     `rejected` and does not sink the others."""
 
     schema_id: str

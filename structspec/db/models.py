@@ -179,8 +179,9 @@ class IdempotencyKeyRecord(Base):
 # --- the OpenAI-compatible Files and Batches (structspec/api/openai.py) ----------------------
 
 class FileRecord(Base):
-    """An uploaded file (purpose `batch`: a batch's input) or one the service wrote (purpose
-    `batch_output`: a batch's output and error files). Ids look like OpenAI's: `file-<hex>`."""
+    """An uploaded file (purpose `batch`: a batch's input; `user_data`: a document a chat message's
+    file part names) or one the service wrote (purpose `batch_output`: a batch's output and error
+    files). Ids look like OpenAI's: `file-<hex>`."""
 
     __tablename__ = "files"
     __table_args__ = (sa.Index("ix_files_tenant_created_at", "tenant", "created_at"),)

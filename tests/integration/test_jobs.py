@@ -262,6 +262,53 @@ def test_ndjson_batch_reports_malformed_lines_by_number_and_runs_the_rest(stack)
     assert [e["path"] for e in err["errors"]] == ["line 1", "line 2"]
 
 
+def test_batch_entries_may_be_files_read_at_submission_with_boxes_in_the_results(stack):
+    """NDJSON and JSON batches take {"content": base64, "media_type"?} entries beside text ones:
+    a PDF's text layer is what its job stores, its result line carries boxes; a file that
+    cannot be read is a rejected entry naming the problem, and the rest run."""
+    import base64
+
+    from structspec.ingest import ingest
+
+    pdf = (Path(__file__).resolve().parents[1] / "fixtures" / "invoices" / "AzureInterior.pdf").read_bytes()
+    b64 = base64.b64encode(pdf).decode()
+    schema = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}  # verbatim: a span
+    sid = stack.client.post("/v1/schemas", json={"name": "who-files", "schema": schema}).json()["id"]
+    lines = [{"id": "pdf", "content": b64, "media_type": "application/pdf"},
+             {"id": "text", "document": "Azure Interior, 4557 De Silva St"},
+             {"id": "cut", "content": base64.b64encode(pdf[:3000]).decode()},
+             {"id": "b64", "content": "not base64!"},
+             {"id": "both", "content": b64, "document": "x"},
+             {"id": "zip", "content": base64.b64encode(b"PK\x03\x04").decode(), "media_type": "application/zip"},
+             {"id": "mt", "document": "x", "media_type": "text/plain"}]
+    r = stack.client.post(f"/v1/batches?schema_id={sid}&verbatim=true&strategy=none&max_tokens=256",
+                          content="\n".join(json.dumps(x) for x in lines),
+                          headers={"content-type": "application/x-ndjson"})
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["total"] == 2 and [x["line"] for x in body["rejected"]] == [3, 4, 5, 6, 7], body
+    messages = [x["message"] for x in body["rejected"]]
+    for message, expected in zip(messages, ["the PDF cannot be read", "not valid base64", "not both",
+                                            "unsupported media type application/zip", "goes with 'content'"]):
+        assert expected in message, messages
+    stack.wait_batch(body["id"])
+    by_id = {x["id"]: x for x in stack.results(body["id"])}
+    assert set(by_id) == {"pdf", "text"} and by_id["text"]["boxes"] is None
+    doc, line = ingest(pdf), by_id["pdf"]
+    assert line["status"] == "succeeded", line
+    start, end = line["spans"]["/who"]
+    assert doc.text[start:end] == line["result"]["who"]
+    assert line["boxes"] == {"/who": doc.locate(start, end)} and line["boxes"]["/who"][0]["page"] == 1
+    job = stack.client.get("/v1/extractions", params={"batch_id": body["id"]}).json()["items"]
+    stored = {read["id"]: stack.client.get(f"/v1/extractions/{read['id']}").json() for read in job}
+    assert sorted(j["boxes"] is None for j in stored.values()) == [False, True]
+
+    # the JSON form takes the same entries; every entry refused is a 422 listing each
+    r = stack.client.post("/v1/batches", json={"schema_id": sid, "documents": [{"content": "%%"}, {"content": 5}]})
+    err = assert_error(r, 422)
+    assert "not valid base64" in json.dumps(err) and "'content' must be a string" in json.dumps(err), err
+
+
 def test_batch_over_max_batch_size_is_413_naming_the_limit(stack):
     with TestClient(create_app(replace(stack.settings, max_batch_size=3))) as small:
         r = small.post("/v1/batches", json={"schema_id": stack.schema_id,

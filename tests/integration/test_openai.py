@@ -261,6 +261,62 @@ def test_files_and_batches_twenty_lines_two_bad(client):
         client.files.retrieve(file_id)
 
 
+def test_file_parts_inline_or_uploaded_are_read_as_the_documents_text(client, deployment):
+    """A message's file part (OpenAI's {"type": "file"}: inline file_data, or file_id of an upload
+    with purpose user_data) is read by structspec.ingest: the job's document is the PDF's text
+    layer, set apart from the message's text. In a chat request and in a batch line; a file
+    that cannot be read is the request's error, naming the part."""
+    import base64
+
+    import sqlalchemy as sa
+
+    from structspec.db.models import JobRecord
+    from structspec.ingest import ingest
+
+    _, settings, _ = deployment
+    pdf = (ROOT / "tests" / "fixtures" / "invoices" / "AzureInterior.pdf").read_bytes()
+    text = ingest(pdf).text
+    fmt = {"type": "json_schema", "json_schema": {"name": "who", "schema": PERSON}}
+    inline = {"type": "file", "file": {"file_data": "data:application/pdf;base64," + base64.b64encode(pdf).decode(),
+                                       "filename": "invoice.pdf"}}
+    uploaded = client.files.create(file=("invoice.pdf", io.BytesIO(pdf)), purpose="user_data")
+    assert uploaded.purpose == "user_data" and uploaded.bytes == len(pdf)
+    by_id = {"type": "file", "file": {"file_id": uploaded.id}}
+    database = sa.create_engine(settings.database_url)
+
+    def stored(job_id: str) -> str:
+        with database.connect() as conn:
+            return conn.scalar(sa.select(JobRecord.document).where(JobRecord.id == uuid.UUID(job_id)))
+
+    for part in (inline, by_id):
+        r = client.chat.completions.create(model="m", max_tokens=48, response_format=fmt, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "Who sent this invoice?"}, part]}])
+        assert stored(r.model_extra["structspec"]["job_id"]) == f"Who sent this invoice?\n\n{text}"
+
+    line = batch_line("pdf", PERSON, "unused")
+    line["body"]["messages"] = [{"role": "user", "content": [by_id]}]
+    bad = batch_line("cut", PERSON, "unused")
+    bad["body"]["messages"] = [{"role": "user", "content": [
+        {"type": "file", "file": {"file_data": "data:application/pdf;base64," + base64.b64encode(pdf[:3000]).decode()}}]}]
+    batch = wait_batch(client, client.batches.create(input_file_id=upload(client, [line, bad]),
+                                                     endpoint="/v1/chat/completions", completion_window="24h").id)
+    outputs, errors = file_lines(client, batch.output_file_id), file_lines(client, batch.error_file_id)
+    assert stored(outputs["pdf"]["response"]["body"]["structspec"]["job_id"]) == text
+    error = errors["cut"]["response"]["body"]["error"]
+    assert "the PDF cannot be read" in error["message"] and error["param"] == "messages.0.content.0", error
+
+    with pytest.raises(openai.UnprocessableEntityError, match="only data: URLs are read") as e:  # as bad content
+        client.chat.completions.create(model="m", response_format=fmt, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/scan.png"}}]}])
+    assert e.value.body["param"] == "messages.0.content.0", e.value.body
+    batch_file = upload(client, [line])
+    with pytest.raises(openai.BadRequestError, match="purpose 'batch'"):
+        client.chat.completions.create(model="m", response_format=fmt, messages=[{"role": "user", "content": [
+            {"type": "file", "file": {"file_id": batch_file}}]}])
+    with pytest.raises(openai.BadRequestError, match="unsupported media type application/zip"):
+        client.files.create(file=("a.zip", io.BytesIO(b"PK\x03\x04 zip")), purpose="user_data")
+
+
 def test_a_batch_created_again_with_its_idempotency_key_is_the_same_batch(client):
     """The SDK retries a create whose answer it did not get; with an Idempotency-Key (extra_headers)
     the retry answers with the batch the first create made, and nothing runs twice."""

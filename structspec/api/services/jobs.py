@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
                                    from_registry)
+from structspec.api.services.content import OcrBudget, decode_base64
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import (BatchAccepted, BatchCreate, BatchPage, BatchRead, ExtractionCreate, JobAccepted,
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 
 RESULTS_PAGE = 500
 DOC_ID_CHARS = 200  # a batch document's id as stored (JSON text, jobs.doc_id)
+ENTRY_FIELDS = frozenset({"id", "document", "content", "media_type"})  # of a batch entry
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,7 @@ class JobService:
     def document_of(data: ExtractionCreate) -> tuple[str, bytes | None, str]:
         """(the text the model reads, its layout or None, the body path it came from): `document`
         as it is, or `content` decoded and ingested (structspec.ingest). Exactly one is given."""
-        import base64
-        import binascii
-
-        from structspec.ingest import IngestError, encode_layout, ingest
+        from structspec.ingest import IngestError, encode_layout
 
         if (data.document is None) == (data.content is None):
             message = ("give the document as text (`document`) or as a file (`content`, base64), not both"
@@ -121,12 +120,7 @@ class JobService:
         if data.document is not None:
             return data.document, None, "/document"
         try:
-            raw = base64.b64decode(data.content, validate=True)
-        except (binascii.Error, ValueError) as e:
-            raise UnprocessableError(f"`content` is not valid base64: {e}", [
-                ErrorItem(path="/content", message="not valid base64", source="body")]) from None
-        try:
-            doc = ingest(raw, data.media_type)
+            doc = OcrBudget().read(decode_base64(data.content), data.media_type)
         except IngestError as e:
             raise ApiError(e.status, f"content: {e}", [ErrorItem(path="/content", message=str(e), source="body")]) \
                 from None
@@ -275,16 +269,16 @@ class JobService:
         options = self.request_options(options_in)
         stored = options.as_dict()
         rows, rejected = [], []
-        checked = [(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries]
-        fine = [raw["document"] for _, raw, problem in checked if not problem]
+        read = self._read_entries([(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries])
+        fine = [text for _, _, problem, text, _ in read if not problem]
         too_long = iter(self._token_problems(self.schema_body(str(schema_id), None), fine, options))
-        for n, raw, problem in checked:
+        for n, raw, problem, text, layout in read:
             problem = problem or next(too_long)
             if problem:
                 rejected.append(Rejected(line=n, message=problem))
                 continue
             doc_id = raw.get("id", n - 1)
-            rows.append(dict(tenant=self.tenant, schema_id=schema_id, document=raw["document"], options=stored,
+            rows.append(dict(tenant=self.tenant, schema_id=schema_id, document=text, layout=layout, options=stored,
                              position=len(rows), doc_id=msgspec.json.encode(doc_id).decode()))
         if not rows:
             raise UnprocessableError("no valid document in the batch", [
@@ -327,23 +321,60 @@ class JobService:
             first[key] = n
 
     def _entry_problem(self, raw: Any) -> str | None:
+        """Why a batch entry cannot be taken as it is (its shape and sizes), or None."""
         if not isinstance(raw, dict):
-            return "expected an object {\"id\"?: string | integer, \"document\": string}"
-        unknown = sorted(set(raw) - {"id", "document"})
+            return ('expected an object {"id"?: string | integer, "document": string} or {"id"?, "content": '
+                    'base64, "media_type"?: string}')
+        unknown = sorted(set(raw) - ENTRY_FIELDS)
         if unknown:
-            return f"unknown field {unknown[0]!r} (allowed: id, document)"
-        if not isinstance(raw.get("document"), str):
-            return "field 'document' is required and must be a string"
+            return f"unknown field {unknown[0]!r} (allowed: {', '.join(sorted(ENTRY_FIELDS))})"
         if "id" in raw and (isinstance(raw["id"], bool) or not isinstance(raw["id"], (str, int))):
             return "field 'id' must be a string or an integer"
         if "id" in raw and (size := len(msgspec.json.encode(raw["id"]).decode())) > DOC_ID_CHARS:
             return f"field 'id' is {size} characters as JSON; the limit is {DOC_ID_CHARS}"
+        if "content" in raw:
+            if "document" in raw:
+                return "give the document as text ('document') or as a file ('content', base64), not both"
+            if not isinstance(raw["content"], str):
+                return "field 'content' must be a string (the file, base64)"
+            media_type = raw.get("media_type")
+            if media_type is not None and (not isinstance(media_type, str) or len(media_type) > 200
+                                           or "\x00" in media_type):
+                return "field 'media_type' must be a string of at most 200 characters (e.g. application/pdf)"
+            return None
+        if "media_type" in raw:
+            return "field 'media_type' goes with 'content' (a file), not with 'document' (text)"
+        if not isinstance(raw.get("document"), str):
+            return "field 'document' (text) or 'content' (a file, base64) is required; 'document' must be a string"
         if "\x00" in raw["document"]:
             return "field 'document' contains U+0000, which cannot be stored"
-        size, limit = len(raw["document"].encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
+        return self._size_problem(raw["document"])
+
+    def _size_problem(self, text: str) -> str | None:
+        size, limit = len(text.encode("utf-8", "surrogatepass")), self.settings.max_document_bytes
         if size > limit:
             return f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)"
         return None
+
+    def _read_entries(self, checked: list[tuple[int, Any, str | None]]
+                      ) -> list[tuple[int, Any, str | None, str | None, bytes | None]]:
+        """(line, entry, problem, text, layout) per entry: files ('content') are read here, within
+        one request's OCR budget (services/content.py); one that cannot be read is a problem."""
+        from structspec.ingest import IngestError, encode_layout
+
+        budget, out = OcrBudget(), []
+        for n, raw, problem in checked:
+            if problem or "content" not in raw:
+                out.append((n, raw, problem, None if problem else raw["document"], None))
+                continue
+            try:
+                doc = budget.read(decode_base64(raw["content"]), raw.get("media_type"))
+            except IngestError as e:
+                out.append((n, raw, f"content: {e}", None, None))
+                continue
+            too_big = self._size_problem(doc.text)
+            out.append((n, raw, too_big, None if too_big else doc.text, None if too_big else encode_layout(doc)))
+        return out
 
     def get_batch(self, batch_id: str) -> BatchRead:
         with self.session_factory() as session:
@@ -574,6 +605,8 @@ def result_line(j: JobRecord) -> bytes:
     if j.status == "succeeded":
         line["result"] = j.result
         line.update(grounding(j))
+        located = boxes(j)  # a file's values on its pages (null for text), as in a job read
+        line["boxes"] = msgspec.to_builtins(located) if located is not None else None
     else:
         line["error"] = j.error
     line["stats"] = {k: j.stats.get(k) for k in STATS_KEYS} if j.stats else None

@@ -18,12 +18,13 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from datetime import timedelta
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import anyio
 import msgspec
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError
+from structspec.api.services.content import OcrBudget, data_url
 from structspec.api.services.jobs import DOC_ID_CHARS, Idempotency, JobService, grounding
 from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import JobOptions
@@ -32,6 +33,7 @@ from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import TERMINAL_STATUSES, JobRecord, OpenAIBatchRecord
 from structspec.db.openai_batches import FileRepository, OpenAIBatchRepository
 from structspec.engine.prompt import MessagesError, chat_messages as checked_messages, messages_text
+from structspec.ingest import MEDIA_TYPES, IngestError, detect
 from structspec.options import RequestOptions
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -57,6 +59,77 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
         return checked_messages(raw)
     except MessagesError as e:
         raise bad_request(str(e), e.param) from None
+
+
+# --- files in messages --------------------------------------------------------------------------
+
+FILE_PART_TYPES = ("file", "image_url")
+INPUT_PURPOSE = "user_data"  # the purpose of an uploaded file that a message's file part names
+PURPOSES = ("batch", INPUT_PURPOSE)
+
+
+def inline_files(raw: Any, files: Callable[[str], Any], budget: OcrBudget) -> Any:
+    """`raw` messages with each file content part replaced by a text part of the text
+    structspec.ingest reads from the file (a PDF's text layer, OCR of an image), set apart from
+    the text parts beside it by a blank line. A file part is OpenAI's `{"type": "file", "file":
+    {"file_data": "data:<media type>;base64,...", "filename"?} | {"file_id": ...}}` or `{"type":
+    "image_url", "image_url": {"url": "data:image/png;base64,..."}}`; `files(file_id)` gives an
+    uploaded file's record. Anything else is left for chat_messages to judge."""
+    if not isinstance(raw, list):
+        return raw
+    out = []
+    for i, message in enumerate(raw):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list) or not any(_is_file_part(p) for p in content):
+            out.append(message)
+            continue
+        parts: list[Any] = []
+        for j, part in enumerate(content):
+            if not _is_file_part(part):
+                parts.append(part)
+                continue
+            where = f"messages.{i}.content.{j}"
+            try:
+                text = budget.read(*_file_of(part, where, files)).text
+            except IngestError as e:
+                raise ApiError(e.status, f"{where}: {e}", [ErrorItem(path=where, message=str(e), source="body")]) \
+                    from None
+            if parts:
+                parts.append({"type": "text", "text": "\n\n"})
+            parts += [{"type": "text", "text": text}, {"type": "text", "text": "\n\n"}]
+        if parts and parts[-1] == {"type": "text", "text": "\n\n"}:
+            parts.pop()
+        out.append({**message, "content": parts})
+    return out
+
+
+def _is_file_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") in FILE_PART_TYPES
+
+
+def _file_of(part: dict[str, Any], where: str, files: Callable[[str], Any]) -> tuple[bytes, str | None, str | None]:
+    """(bytes, media type, file name) of a file content part; ApiError 400 for a malformed one."""
+    if part["type"] == "image_url":
+        spec = part.get("image_url")
+        url = spec.get("url") if isinstance(spec, dict) else None
+        if not isinstance(url, str):
+            raise bad_request(f"{where}: image_url.url is required (a data: URL)", f"{where}.image_url.url")
+        return (*data_url(url), None)
+    spec = part.get("file")
+    if not isinstance(spec, dict) or ("file_data" in spec) == ("file_id" in spec):
+        raise bad_request(f"{where}: file needs file_data (a data: URL) or file_id, one of them", f"{where}.file")
+    name = spec.get("filename") if isinstance(spec.get("filename"), str) else None
+    if "file_data" in spec:
+        if not isinstance(spec["file_data"], str):
+            raise bad_request(f"{where}: file.file_data must be a string (a data: URL)", f"{where}.file.file_data")
+        return (*data_url(spec["file_data"]), name)
+    record = files(spec["file_id"]) if isinstance(spec["file_id"], str) else None
+    if record is None:
+        raise bad_request(f"{where}: no file with id {spec['file_id']}", f"{where}.file.file_id")
+    if record.purpose != INPUT_PURPOSE:
+        raise bad_request(f"{where}: file {record.id} has purpose {record.purpose!r}; a file read as a document is "
+                          f"uploaded with purpose {INPUT_PURPOSE}", f"{where}.file.file_id")
+    return record.content, None, name or record.filename
 
 
 def response_schema(raw: Any) -> dict[str, Any]:
@@ -109,6 +182,15 @@ def check_request(body: Any, streaming: bool = True) -> dict[str, Any]:
     return body
 
 
+def uploaded_file(jobs: JobService, file_id: str):
+    """The tenant's uploaded file `file_id`, or None."""
+    with jobs.session_factory() as session:
+        record = FileRepository(session, jobs.tenant).get(file_id)
+        if record is not None:
+            session.expunge(record)
+        return record
+
+
 class ChatRequest(msgspec.Struct, kw_only=True):
     """A checked chat request, ready to queue."""
 
@@ -119,10 +201,13 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
-def read_chat_request(body: Any, jobs: JobService, streaming: bool = True) -> ChatRequest:
-    """Every check of a chat request (ApiError naming the parameter), options resolved."""
+def read_chat_request(body: Any, jobs: JobService, streaming: bool = True, budget: OcrBudget | None = None
+                      ) -> ChatRequest:
+    """Every check of a chat request (ApiError naming the parameter), options resolved; its
+    file parts read (inline_files) within `budget` (a fresh one: this request's own)."""
     body = check_request(body, streaming)
-    messages = chat_messages(body.get("messages"))
+    messages = chat_messages(inline_files(body.get("messages"), lambda file_id: uploaded_file(jobs, file_id),
+                                          budget or OcrBudget()))
     schema = response_schema(body.get("response_format"))
     options = jobs.request_options(job_options(body))
     return ChatRequest(messages=messages, schema=schema, options=options, stream=bool(body.get("stream")),
@@ -325,12 +410,19 @@ class OpenAIBatchService:
 
     # --- files ---------------------------------------------------------------------------------
 
-    def upload(self, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
-        if purpose != "batch":
-            raise bad_request(f"purpose {purpose!r} is not served: files here are batch inputs (purpose batch)",
-                              "purpose")
+    def upload(self, filename: str, purpose: str, content: bytes, media_type: str | None = None) -> dict[str, Any]:
+        """Store an uploaded file; a user_data file must be of a kind structspec.ingest reads (its
+        first bytes, else `media_type` as the upload labels it, else its name's extension)."""
+        if purpose not in PURPOSES:
+            raise bad_request(f"purpose {purpose!r} is not served: files here are batch inputs (purpose batch) or "
+                              f"documents named by a message's file part (purpose {INPUT_PURPOSE})", "purpose")
         if not content.strip():
             raise bad_request("the file is empty", "file")
+        generic = media_type is None or media_type.split(";")[0].strip().lower() == "application/octet-stream"
+        kind = detect(content, None if generic else media_type, filename)
+        if purpose == INPUT_PURPOSE and kind not in MEDIA_TYPES and not kind.startswith("text/"):
+            raise bad_request(f"{filename}: unsupported media type {kind}; a document is one of "
+                              f"{', '.join(MEDIA_TYPES)}", "file")
         with self.session_factory.begin() as session:
             return file_object(FileRepository(session, self.tenant).add(purpose=purpose, filename=filename[:255],
                                                                         content=content))
@@ -437,6 +529,7 @@ class OpenAIBatchService:
     def _jobs_of(self, lines: list[tuple[int, str, dict[str, Any]]], endpoint: str):
         """(job rows, invalid lines) for the keyed requests."""
         rows, invalid, schemas = [], [], {}
+        budget = OcrBudget()  # the file's requests share one request's OCR pages (services/content.py)
         for n, custom_id, line in lines:
             try:
                 unknown = sorted(set(line) - {"custom_id", "method", "url", "body"})
@@ -446,7 +539,7 @@ class OpenAIBatchService:
                     raise bad_request("method must be POST", "method")
                 if line.get("url") != endpoint:
                     raise bad_request(f"url must be the batch's endpoint {endpoint}", "url")
-                request = read_chat_request(line.get("body"), self.jobs, streaming=False)
+                request = read_chat_request(line.get("body"), self.jobs, streaming=False, budget=budget)
                 key = json.dumps(request.schema, sort_keys=True)
                 if key not in schemas:
                     schemas[key] = self.jobs.resolve_schema(None, request.schema, "POST /openai/v1/batches")
