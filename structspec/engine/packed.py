@@ -49,7 +49,8 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed_for != self._weight_key():
             w = self.weight.detach()
-            packable = w.device.type == "cpu" and w.dtype in (torch.float32, torch.bfloat16)
+            packable = w.device.type == "cpu" and (w.dtype == torch.float32
+                                                   or (w.dtype == torch.bfloat16 and bf16_unpackable() is None))
             self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if packable else None
             self._packed_for = self._weight_key()
         if self.packed is None or x.dtype != self.weight.dtype:
@@ -72,7 +73,24 @@ def can_pack(model: nn.Module) -> str | None:
         return "torch was built without oneDNN"
     if param.dtype not in (torch.float32, torch.bfloat16):
         return f"dtype {param.dtype} (oneDNN packs fp32 and bf16)"
+    if param.dtype == torch.bfloat16:
+        return bf16_unpackable()
     return None
+
+
+_BF16: list[str | None] = []
+
+
+def bf16_unpackable() -> str | None:
+    """None if oneDNN packs bf16 weights on this CPU, else why not: it needs AVX512 (BW, VL, DQ)
+    or AVX-NE-CONVERT, which AVX2-only CPUs lack (there bf16 runs through F.linear)."""
+    if not _BF16:
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_ROWS)
+            _BF16.append(None)
+        except RuntimeError as e:
+            _BF16.append(f"oneDNN cannot pack bf16 weights on this CPU ({' '.join(str(e).split())[:160]})")
+    return _BF16[0]
 
 
 def pack_linears(model: nn.Module) -> int:
@@ -81,8 +99,9 @@ def pack_linears(model: nn.Module) -> int:
     cannot be packed, keeps its own. Returns the number of packed layers the model now has
     (those packed before included: an engine built on a model another engine packed)."""
     why = can_pack(model)
-    if why is not None:
+    if why is not None:  # layers packed before (another engine, another dtype) become plain again
         log.info("linear layers not packed: %s", why)
+        unpack_linears(model)
         return 0
     gen = torch.Generator().manual_seed(0)
     packed, kept = 0, []
