@@ -55,17 +55,18 @@ def server(request, tmp_path):
             yield base, url, "postgresql"
 
 
-def extraction_wait(base: str, schema_id: str, timeout: float) -> tuple[int | None, dict | None]:
+def extraction_wait(base: str, schema_id: str, timeout: float, tag: str) -> tuple[int | None, dict | None]:
     try:
         r = httpx.post(f"{base}/v1/extractions", params={"wait": WAIT_S}, timeout=timeout,
-                       json={"schema_id": schema_id, "document": "Ada Lovelace", "options": {"max_tokens": 16}})
+                       json={"schema_id": schema_id, "document": f"Ada Lovelace {tag}", "options": {"max_tokens": 16}})
     except httpx.TimeoutException:
         return None, None
     return r.status_code, r.json()
 
 
-def chat(base: str, stream: bool, timeout: float) -> tuple[int | None, list | dict | None]:
-    body = {"model": "m", "messages": MESSAGES, "max_tokens": 16, "stream": stream,
+def chat(base: str, stream: bool, timeout: float, tag: str = "") -> tuple[int | None, list | dict | None]:
+    messages = [{**m, "content": f"{m['content']} {tag}"} for m in MESSAGES]
+    body = {"model": "m", "messages": messages, "max_tokens": 16, "stream": stream,
             "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}}
     try:
         with httpx.Client(timeout=timeout) as client:
@@ -96,11 +97,12 @@ def test_64_waiting_requests_leave_health_and_reads_fast_and_an_ended_job_wakes_
     schema_id = r.json()["id"]
 
     kept, abandoned = WAIT_S + 30, ABANDON_S
-    calls = ([("wait", lambda t=t: extraction_wait(base, schema_id, t)) for t in [kept, abandoned]
-              for _ in range(PER_KIND)]
-             + [("chat", lambda t=t: chat(base, False, t)) for t in [kept, abandoned] for _ in range(PER_KIND // 2)]
-             + [("stream", lambda t=t: chat(base, True, t)) for t in [kept, abandoned]
-                for _ in range(PER_KIND // 2)])
+    # each request's document names it (#kind-kept-i, #kind-abandoned-i): its job is found by it
+    calls = ([("wait", lambda t=t, tag=f"#wait-{k}-{i}": extraction_wait(base, schema_id, t, tag))
+              for t, k in [(kept, "kept"), (abandoned, "abandoned")] for i in range(PER_KIND)]
+             + [(kind, lambda t=t, s=kind == "stream", tag=f"#{kind}-{k}-{i}": chat(base, s, t, tag))
+                for kind in ("chat", "stream") for t, k in [(kept, "kept"), (abandoned, "abandoned")]
+                for i in range(PER_KIND // 2)])
     assert len(calls) == 64
     with cf.ThreadPoolExecutor(len(calls)) as pool:
         futures = [(kind, pool.submit(call)) for kind, call in calls]
@@ -128,15 +130,35 @@ def test_64_waiting_requests_leave_health_and_reads_fast_and_an_ended_job_wakes_
             assert status == 200 and body[-1] == "data: [DONE]", body
             assert json.loads(body[-2][len("data: "):])["error"]["message"].startswith("the extraction did not finish")
 
-    # the abandoned chats' jobs were cancelled (nobody can read their reply); the rest stay queued
-    def counts() -> dict[str, int]:
-        jobs = httpx.get(f"{base}/v1/extractions", params={"limit": 500}, timeout=30).json()["items"]
-        return {s: sum(j["status"] == s for j in jobs) for s in ("queued", "cancelled")}
+    # the abandoned chats' jobs were cancelled (nobody can read their reply); the rest stay queued.
+    # A client that gave up before its job was stored left none (a slow machine takes over
+    # ABANDON_S to take 64 requests in): every kept request has its job, most abandoned ones do.
+    def statuses() -> dict[str, str]:
+        database = make_engine(database_url)
+        try:
+            with database.connect() as conn:
+                rows = conn.execute(sa.select(JobRecord.document, JobRecord.status)).all()
+        finally:
+            database.dispose()
+        return {document.split("#")[1].split()[0]: status for document, status in rows}
 
-    deadline = time.monotonic() + 10
-    while counts()["cancelled"] < PER_KIND and time.monotonic() < deadline:
+    def settled(jobs: dict[str, str]) -> bool:
+        return all(status == "cancelled" for tag, status in jobs.items() if is_abandoned_chat(tag))
+
+    def is_abandoned_chat(tag: str) -> bool:
+        return not tag.startswith("wait") and "-abandoned-" in tag
+
+    deadline = time.monotonic() + 30  # a bound for "eventually"
+    while not settled(jobs := statuses()) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert counts() == {"queued": 48, "cancelled": PER_KIND}
+    kept_tags = {f"{kind}-kept-{i}" for kind, n in [("wait", PER_KIND), ("chat", PER_KIND // 2),
+                                                    ("stream", PER_KIND // 2)] for i in range(n)}
+    assert kept_tags <= set(jobs) and all(jobs[tag] == "queued" for tag in kept_tags), jobs
+    assert all(status == "queued" for tag, status in jobs.items() if tag.startswith("wait-abandoned")), jobs
+    cancelled = [tag for tag in jobs if is_abandoned_chat(tag)]
+    assert all(jobs[tag] == "cancelled" for tag in cancelled), jobs
+    assert len(cancelled) >= PER_KIND // 2 and len(jobs) == len(kept_tags) + len(cancelled) + sum(
+        tag.startswith("wait-abandoned") for tag in jobs), jobs
 
     # a job that ends wakes its waiting request at once, not at the end of its wait
     woke_s = ended_job_wakes_its_waiter(base, database_url, schema_id, "Grace Hopper")
