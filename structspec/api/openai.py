@@ -16,9 +16,10 @@ structspec's own /v1 routes (its /v1/batches in particular): clients set
 Each request runs as one extraction job through the usual machinery (API keys, tenants, rate
 and size limits, the per-schema statistics and `auto`); its prompt is the request's messages
 through the model's chat template, their text as data (engine/prompt.py); a message's file
-parts (a PDF or an image, inline or uploaded) become the text structspec.ingest reads from them. What the routes do is
-in api/services/openai.py. Errors take OpenAI's shape, {"error": {"message", "type", "param",
-"code"}}, so SDK exceptions carry the message (`openai_error`, chosen by path in api/app.py).
+parts (a PDF or an image, inline or uploaded) become the text structspec.ingest reads from
+them. What the routes do is in api/services/openai.py. Errors take OpenAI's shape, {"error":
+{"message", "type", "param", "code"}}, so SDK exceptions carry the message (`openai_error`,
+chosen by path in api/app.py).
 """
 
 from __future__ import annotations

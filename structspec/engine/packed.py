@@ -15,6 +15,7 @@ shape and dtype): packing adds the size of the linear weights to memory.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -78,19 +79,15 @@ def can_pack(model: nn.Module) -> str | None:
     return None
 
 
-_BF16: list[str | None] = []
-
-
+@functools.cache
 def bf16_unpackable() -> str | None:
     """None if oneDNN packs bf16 weights on this CPU, else why not: it needs AVX512 (BW, VL, DQ)
-    or AVX-NE-CONVERT, which AVX2-only CPUs lack (there bf16 runs through F.linear)."""
-    if not _BF16:
-        try:
-            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_ROWS)
-            _BF16.append(None)
-        except RuntimeError as e:
-            _BF16.append(f"oneDNN cannot pack bf16 weights on this CPU ({' '.join(str(e).split())[:160]})")
-    return _BF16[0]
+    or AVX-NE-CONVERT, which AVX2-only CPUs lack (there bf16 runs through F.linear). Probed once."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), PACK_ROWS)
+    except RuntimeError as e:
+        return f"oneDNN cannot pack bf16 weights on this CPU ({' '.join(str(e).split())[:160]})"
+    return None
 
 
 def pack_linears(model: nn.Module) -> int:

@@ -605,8 +605,7 @@ def result_line(j: JobRecord) -> bytes:
     if j.status == "succeeded":
         line["result"] = j.result
         line.update(grounding(j))
-        located = boxes(j)  # a file's values on its pages (null for text), as in a job read
-        line["boxes"] = msgspec.to_builtins(located) if located is not None else None
+        line["boxes"] = msgspec.to_builtins(boxes(j))  # a file's values on its pages (null: text), as a job read
     else:
         line["error"] = j.error
     line["stats"] = {k: j.stats.get(k) for k in STATS_KEYS} if j.stats else None

@@ -66,6 +66,7 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
 FILE_PART_TYPES = ("file", "image_url")
 INPUT_PURPOSE = "user_data"  # the purpose of an uploaded file that a message's file part names
 PURPOSES = ("batch", INPUT_PURPOSE)
+BLANK_LINE = {"type": "text", "text": "\n\n"}  # between a file's text and the parts beside it
 
 
 def inline_files(raw: Any, files: Callable[[str], Any], budget: OcrBudget) -> Any:
@@ -94,10 +95,10 @@ def inline_files(raw: Any, files: Callable[[str], Any], budget: OcrBudget) -> An
             except IngestError as e:
                 raise ApiError(e.status, f"{where}: {e}", [ErrorItem(path=where, message=str(e), source="body")]) \
                     from None
-            if parts:
-                parts.append({"type": "text", "text": "\n\n"})
-            parts += [{"type": "text", "text": text}, {"type": "text", "text": "\n\n"}]
-        if parts and parts[-1] == {"type": "text", "text": "\n\n"}:
+            if parts and parts[-1] != BLANK_LINE:
+                parts.append(BLANK_LINE)
+            parts += [{"type": "text", "text": text}, BLANK_LINE]
+        if parts and parts[-1] == BLANK_LINE:
             parts.pop()
         out.append({**message, "content": parts})
     return out

@@ -50,6 +50,9 @@ def test_a_file_part_becomes_the_pdfs_text_set_apart_from_the_text_beside_it():
     alone = inline_files([{"role": "user", "content": [{"type": "file", "file": {"file_data": PDF_URL}}]}],
                          no_files, OcrBudget())
     assert "".join(p["text"] for p in alone[0]["content"]) == text
+    two = inline_files([{"role": "user", "content": [{"type": "file", "file": {"file_data": PDF_URL}}] * 2}],
+                       no_files, OcrBudget())
+    assert "".join(p["text"] for p in two[0]["content"]) == f"{text}\n\n{text}"  # one blank line between
 
 
 def test_an_uploaded_user_data_file_is_read_by_its_id_and_other_purposes_are_refused():
