@@ -1,4 +1,5 @@
-/* The elementwise steps of a Llama-shaped decoder layer, fused, for the CPU (bf16 or fp32).
+/* The elementwise steps of a Llama-shaped decoder layer, fused, for the CPU (bf16 or fp32), and
+ * greedy verification's masked argmax over the logits (structspec_masked_argmax, at the end).
  *
  * Eager torch runs each of these as several operators (a residual add, then RMSNorm as a cast,
  * a square, a mean, an rsqrt, two multiplies and a cast back; rotary as two multiplies, a
@@ -172,4 +173,64 @@ void structspec_silu_mul(const void *gu, int64_t gs, void *out, int64_t os, int6
     }
 }
 
-int structspec_layer_version(void) { return 1; }
+/* Greedy verification's masked argmax over the logits. For each of n rows (rows[i], or i when
+ * rows is NULL) of logits [*, vocab] (row stride ls) and its grammar mask (int32 words, row
+ * stride ms; bit t % 32 of word t / 32 set: token t allowed): over the allowed tokens whose logit
+ * is neither NaN nor -inf, idx[i] = the argmax (the lowest id on ties; -1 when there is none) and,
+ * when logz is not NULL, logz[i] = log sum e^logit (the masked softmax's log-partition; -inf
+ * when there is none). The argmax is exact (comparisons only), as torch's masked argmax; logz sums
+ * in another order than torch's logsumexp (last fp32 bits). Words of zero, most of a mask inside
+ * JSON's structure, are skipped unread. */
+void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mask, int64_t ms, const int64_t *rows,
+                              int64_t n, int64_t vocab, int64_t *idx, float *logz, int bf16, int threads) {
+    int64_t size = bf16 ? 2 : 4;
+    vi iota;
+    for (int j = 0; j < W; j++) iota[j] = j;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (parallel(n, vocab, threads))
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = rows ? rows[i] : i;
+        const char *x = (const char *)logits + r * ls * size;
+        const uint32_t *m = (const uint32_t *)mask + r * ms;
+        vf best = (vf){0} - INFINITY;
+        vi best_at = (vi){0} - 1;
+        for (int64_t at = 0; at < vocab; at += W) {
+            uint32_t bits = (m[at >> 5] >> (at & 31)) & 0xffffu;
+            if (!bits)
+                continue;
+            int64_t count = vocab - at < W ? vocab - at : W;
+            vf v = load(x, at, count, bf16);
+            vi better = ((((vi){0} + (int32_t)bits) >> iota & 1) != 0) & (iota < (int32_t)count) & (v > best);
+            best = select(better, v, best);
+            best_at = (better & (iota + (int32_t)at)) | (~better & best_at);
+        }
+        float top = -INFINITY;
+        int64_t top_at = -1;
+        for (int j = 0; j < W; j++)
+            if (best_at[j] >= 0 && (best[j] > top || (best[j] == top && best_at[j] < top_at))) {
+                top = best[j];
+                top_at = best_at[j];
+            }
+        idx[i] = top_at;
+        if (!logz)
+            continue;
+        if (top_at < 0 || top == INFINITY) {
+            logz[i] = top;
+            continue;
+        }
+        vf sum = {0};
+        for (int64_t at = 0; at < vocab; at += W) {
+            uint32_t bits = (m[at >> 5] >> (at & 31)) & 0xffffu;
+            if (!bits)
+                continue;
+            int64_t count = vocab - at < W ? vocab - at : W;
+            vf v = load(x, at, count, bf16);
+            vi on = ((((vi){0} + (int32_t)bits) >> iota & 1) != 0) & (iota < (int32_t)count) & (v > -INFINITY);
+            sum += select(on, exp_nonpos(select(on, v - top, (vf){0})), (vf){0});
+        }
+        float total = 0.0f;
+        for (int j = 0; j < W; j++) total += sum[j];
+        logz[i] = top + logf(total);
+    }
+}
+
+int structspec_layer_version(void) { return 2; }

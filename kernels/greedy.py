@@ -181,19 +181,22 @@ def verify_greedy_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for :func:`verify_greedy_triton`: same arguments, same results, same errors."""
     batch = check_ragged_batch(logits, bitmask, draft_tokens, cu_num_draft)
-    output_tokens, num_accepted = new_outputs(batch, logits.device)
     if batch.num_seqs == 0:
-        return output_tokens, num_accepted
-    target = masked_argmax_torch(logits, bitmask)
+        return new_outputs(batch, logits.device)
+    return accept_targets(masked_argmax_torch(logits, bitmask), draft_tokens, cu_num_draft, batch.max_num_draft)
 
+
+def accept_targets(target: torch.Tensor, draft_tokens: torch.Tensor, cu_num_draft: torch.Tensor,
+                   max_num_draft: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Greedy acceptance given each row's masked argmax `target` (int64 [sum(n_b) + B], -1 where
+    the row allows nothing): verify_greedy's results, for a caller that computed the targets
+    itself (the engine's native CPU path, kernels/cpu_layer.c)."""
     lengths = (cu_num_draft[1:] - cu_num_draft[:-1]).to(torch.int64)
-    width = batch.max_num_draft + 1
+    width = max_num_draft + 1
     target_grid = ragged_to_padded(target, lengths + 1, width, fill=-1)  # draft rows + bonus row
     draft_grid = ragged_to_padded(draft_tokens.to(torch.int64), lengths, width, fill=-2)  # never a target
     match = (target_grid >= 0) & (draft_grid == target_grid)
     accepted = match.to(torch.int64).cumprod(dim=1).sum(dim=1)  # length of the matching prefix
     # Accepted drafts equal their targets, so positions 0..accepted all hold targets.
-    keep = torch.arange(width, device=logits.device) <= accepted.unsqueeze(1)
-    output_tokens.copy_(torch.where(keep, target_grid, -1).to(torch.int32))
-    num_accepted.copy_(accepted.to(torch.int32))
-    return output_tokens, num_accepted
+    keep = torch.arange(width, device=target.device) <= accepted.unsqueeze(1)
+    return torch.where(keep, target_grid, -1).to(torch.int32), accepted.to(torch.int32)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+import kernels
 from structspec.config import Settings
 from structspec.engine.grounding import confidences, find_spans
 from structspec.engine.cost import EXPLORE_EVERY, PassCostCurve, choose_draft_lens
@@ -34,8 +35,8 @@ from structspec.engine.packed import pack_linears, unpack_linears
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
 from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
-from structspec.engine.step import (GrammarDeadEnd, commit, emitted_probs, fill_bitmask, guard_loops, margins, pack,
-                                    propose, verify)
+from structspec.engine.step import (GrammarDeadEnd, commit, emitted_probs, fill_bitmask, guard_loops, margins,
+                                    native_verifier, pack, propose, verify)
 from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
 from structspec.grammar.limits import limit_setting
@@ -100,6 +101,7 @@ class Engine:
             unpack_linears(loaded.model)
         self.runner = make_runner(loaded.model, settings.kernel_backend, lean=settings.engine_lean_forward,
                                   pack=settings.engine_packed_linear, cache_dir=settings.cache_dir / "kernels")
+        self.native_verify = native_verifier(settings.kernel_backend, loaded.device, settings.cache_dir / "kernels")
         lean = getattr(self.runner, "lean", None)
         if lean is not None:  # it packed its own fused layers in place of the model's
             self.packed_linears = lean.packed_linears()
@@ -143,6 +145,14 @@ class Engine:
         or "torch" (torch's operators; also the answer for the model's own forward)."""
         lean = getattr(self.runner, "lean", None)
         return "fused" if lean is not None and lean.ops is not None else "torch"
+
+    @property
+    def verification(self) -> str:
+        """What computes greedy verification's masked argmax: "native" (kernels/cpu_layer.c, on a
+        CPU), "triton" or "torch" (kernels' backends; sampled sequences always go there)."""
+        if self.native_verify is not None:
+            return "native"
+        return kernels.resolve_backend(self.kernel_backend, self.device)
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -285,8 +295,10 @@ class Engine:
             if self.sync_timing:  # the forward pass's own time, not its launch (the GPU kit's step breakdown)
                 torch.cuda.synchronize(self.device)
             t2 = time.perf_counter()
-            emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend) if decoding else []
-            probs = emitted_probs(logits, bitmask, packed, emitted) if decoding and self.confidence else None
+            emitted = verify(logits, bitmask, packed, self.loaded.vocab_size, self.kernel_backend,
+                             self.native_verify) if decoding else []
+            probs = (emitted_probs(logits, bitmask, packed, emitted, self.native_verify)
+                     if decoding and self.confidence else None)
         except Exception as e:  # the whole step failed: find the sequence that made it fail
             members = [*decoding, *(s for s, _ in prefill)]
             if len(members) == 1:

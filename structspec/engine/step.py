@@ -16,14 +16,18 @@ path as the speculative strategies.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
 import kernels
+from kernels.greedy import accept_targets
 from structspec.engine.kv_cache import Segment
 from structspec.engine.runner import StepInputs
 from structspec.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
 
 
 class GrammarDeadEnd(RuntimeError):
@@ -100,14 +104,20 @@ def pack(prefill: list[tuple[Sequence, int]], decoding: list[Sequence], device: 
 
 
 def verify(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed, vocab_size: int,
-           backend: str) -> list[list[int]]:
+           backend: str, native=None) -> list[list[int]]:
     """Per decoding sequence: accepted draft prefix + correction/bonus token (one host sync).
 
     Greedy and sampled sequences share the step: when both are present, each group is
-    verified by its own kernel over its own rows (two launches, one synchronisation)."""
+    verified by its own kernel over its own rows (two launches, one synchronisation). With
+    `native` (kernels.cpu_layer.LayerOps, on a CPU) a greedy-only step takes its masked argmax
+    from C, the same tokens as kernels' torch reference in a fraction of its time."""
     seqs = packed.decoding
     sampled = [b for b, s in enumerate(seqs) if s.temperature > 0]
     if not sampled:
+        if native is not None:
+            target, _ = native.masked_argmax(logits, bitmask[:logits.shape[0]])
+            longest = max(b - a for a, b in zip(packed.cu_list, packed.cu_list[1:]))
+            return _rows(*accept_targets(target, packed.drafts, packed.cu, longest))
         tokens, num = kernels.verify_greedy(logits, bitmask, packed.drafts, packed.cu, backend=backend)
         return _rows(tokens, num)
     if len(sampled) == len(seqs):
@@ -122,6 +132,21 @@ def verify(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed, vocab_si
     for b, row in zip(sampled, _rows(s_tokens, s_num)):
         out[b] = row
     return out
+
+
+def native_verifier(kernel_backend: str, device: torch.device, cache_dir):
+    """kernels.cpu_layer's library for verify and emitted_probs on a CPU under kernel_backend
+    "auto"; None elsewhere (kernels' Triton or torch verification), and when it cannot be built
+    (logged; the torch reference verifies then)."""
+    if kernel_backend != "auto" or device.type != "cpu":
+        return None
+    try:
+        from kernels.cpu_layer import load
+
+        return load(cache_dir)
+    except Exception as e:  # no compiler, a failed build
+        log.warning("the native greedy verification is unavailable (%s); verifying in torch", e)
+        return None
 
 
 def _rows(tokens: torch.Tensor, num: torch.Tensor) -> list[list[int]]:
@@ -175,10 +200,12 @@ def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int, count: 
 
 
 def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
-                  emitted: list[list[int]]) -> list[list[float]]:
+                  emitted: list[list[int]], native=None) -> list[list[float]]:
     """Per decoding sequence, the probability the target gave each emitted token under the
     grammar's mask at temperature 1 (grounding.py's confidence): one gather over the rows the
-    tokens were verified at, one host sync."""
+    tokens were verified at, one host sync. With `native` (as in verify) the masked softmax's
+    normaliser comes from C in one pass per row (NaN logits left out of it, where torch's sum
+    turns NaN)."""
     rows, tokens = [], []
     for b, out in enumerate(emitted):
         first = packed.cu_list[b] + b
@@ -186,9 +213,16 @@ def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
         tokens.extend(max(t, 0) for t in out)  # -1: a grammar dead end, whose sequence fails anyway
     if not rows:
         return [[] for _ in emitted]
-    x = masked_rows(logits, bitmask, torch.tensor(rows, device=logits.device))
-    chosen = x.gather(1, torch.tensor(tokens, device=x.device).unsqueeze(1)).squeeze(1)
-    flat = (chosen - torch.logsumexp(x, dim=-1)).exp().tolist()
+    rows_t, tokens_t = torch.tensor(rows, device=logits.device), torch.tensor(tokens, device=logits.device)
+    if native is not None:
+        _, logz = native.masked_argmax(logits, bitmask, rows_t, logz=True)
+        allowed = (bitmask[rows_t, tokens_t // 32] >> (tokens_t % 32)) & 1 == 1
+        chosen = logits[rows_t, tokens_t].float().masked_fill(~allowed, float("-inf"))
+        flat = (chosen - logz).exp().tolist()
+    else:
+        x = masked_rows(logits, bitmask, rows_t)
+        chosen = x.gather(1, tokens_t.unsqueeze(1)).squeeze(1)
+        flat = (chosen - torch.logsumexp(x, dim=-1)).exp().tolist()
     out, at = [], 0
     for row in emitted:
         out.append(flat[at:at + len(row)])

@@ -202,3 +202,102 @@ def test_the_engine_says_which_layer_steps_it_runs(tiny_normal_loaded):
     engine = Engine(tiny_normal_loaded)  # kernel_backend auto, on a CPU
     assert engine.forward_name == "lean" and engine.runner.attention == "native" and engine.layer_steps == "fused"
     assert Engine(tiny_normal_loaded, kernel_backend="torch").layer_steps == "torch"
+
+
+# vocabularies: SmolLM2's (a multiple of 32), one ending mid-word of the mask, one under a vector
+VOCABS = [49152, 1000, 13]
+
+
+def logits_and_mask(rows: int, vocab: int, dtype, seed: int):
+    """Random logits with the hard cases planted, and a random allow-mask with empty and full rows."""
+    x = rand(rows, vocab, dtype=dtype, seed=seed, scale=4.0)
+    gen = torch.Generator().manual_seed(seed + 1)
+    words = (vocab + 31) // 32
+    mask = torch.randint(-2**31, 2**31 - 1, (rows, words), generator=gen, dtype=torch.int32)
+    mask[0] = 0  # nothing allowed
+    mask[1] = -1  # everything allowed, with the maximum tied across vector lanes and words
+    x[1, 3] = x[1, vocab - 1] = x[1, vocab // 2] = 99.0
+    x[2] = float("-inf")  # allowed tokens, none usable
+    mask[3] = -1
+    x[3, :] = float("nan")  # NaN is never chosen, not even over -inf
+    x[3, vocab - 1] = -1e30
+    mask[4, : words // 2] = 0  # the first half masked out, a large logit there
+    x[4, 0] = 1e4
+    return x, mask
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", VOCABS)
+def test_masked_argmax_is_torchs_exactly_and_logz_its_logsumexp(dtype, vocab):
+    from kernels.greedy import masked_argmax_torch
+    from structspec.engine.step import masked_rows
+
+    x, mask = logits_and_mask(40, vocab, dtype, seed=vocab)
+    ops = load()
+    idx, logz = ops.masked_argmax(x, mask, logz=True)
+    assert torch.equal(idx, masked_argmax_torch(x, mask))
+    assert idx[0] == -1 and idx[1] == 3 and idx[2] == -1 and idx[3] == vocab - 1
+    want = torch.logsumexp(masked_rows(x, mask, slice(0, 40)), dim=-1)
+    usable = ~want.isnan()  # torch's sum turns NaN on row 3; the kernel leaves NaN logits out
+    assert usable.sum() == 39 and torch.isneginf(logz[[0, 2]]).all() and float(logz[3]) == float(x[3, vocab - 1])
+    torch.testing.assert_close(logz[usable], want[usable], rtol=2e-6, atol=2e-6)
+    # a subset of rows, in any order, of logits with a row stride wider than the vocabulary
+    wide = torch.zeros(40, vocab + 7, dtype=dtype)
+    wide[:, :vocab] = x
+    rows = torch.tensor([5, 1, 39, 5])
+    got, none = ops.masked_argmax(wide[:, :vocab], mask, rows)
+    assert none is None and torch.equal(got, idx[rows])
+
+
+def test_masked_argmax_refuses_what_it_cannot_read():
+    ops = load()
+    x, mask = logits_and_mask(6, 100, torch.float32, seed=0)
+    with pytest.raises(ValueError, match="bitmask must be 2-D int32"):
+        ops.masked_argmax(x, mask.to(torch.int64))
+    with pytest.raises(ValueError, match="does not cover"):
+        ops.masked_argmax(x, mask[:, :3])
+    with pytest.raises(ValueError, match="rows must be 1-D indices"):
+        ops.masked_argmax(x, mask, torch.tensor([6]))
+    with pytest.raises(ValueError, match="unit last stride"):
+        ops.masked_argmax(x.t(), mask)
+
+
+def test_the_engine_verifies_greedy_steps_natively_with_the_references_tokens(tiny_normal_loaded, monkeypatch):
+    """Greedy verification through the C masked argmax emits what the torch reference emits on
+    the same logits (a fixed strategy, so every step is the same in both runs), and the emitted
+    tokens' probabilities (the confidence) agree to fp32 rounding."""
+    import structspec.engine.engine as engine_module
+    from structspec.engine.engine import Engine, Request
+    from structspec.options import RequestOptions
+
+    engine = Engine(tiny_normal_loaded, engine_max_seqs=3)  # kernel_backend auto, on a CPU
+    assert engine.verification == "native"
+    assert Engine(tiny_normal_loaded, kernel_backend="torch").verification == "torch"
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["name", "n"]}
+    docs = ["name: Ada Lovelace, n: 36", "name: Alan Turing, n: 41", "the name is Grace, n is 85",
+            "n = 7 and name = Edsger"]
+    options = RequestOptions(strategy="ngram", draft_len=4, max_tokens=40)
+    real_probs = engine_module.emitted_probs
+
+    def run():
+        probs, calls = [], []
+        monkeypatch.setattr(engine_module, "emitted_probs", lambda *a: probs.append(real_probs(*a)) or probs[-1])
+        if engine.native_verify is not None:
+            real = type(engine.native_verify).masked_argmax
+            monkeypatch.setattr(type(engine.native_verify), "masked_argmax",
+                                lambda *a, **k: calls.append(1) or real(*a, **k))
+        engine.clear_prefix_cache()
+        results = engine.run([Request(schema, d, options) for d in docs])
+        monkeypatch.undo()
+        return results, probs, calls
+
+    native, native_probs, calls = run()
+    assert calls, "the native masked argmax did not run"
+    engine.native_verify = None
+    reference, reference_probs, _ = run()
+    assert [r.text for r in native] == [r.text for r in reference]
+    assert sum(r.stats.output_tokens for r in native) > 4 * 20
+    assert len(native_probs) == len(reference_probs) and any(native_probs)
+    for got, want in zip(native_probs, reference_probs):
+        assert got == [pytest.approx(w, rel=1e-5, abs=1e-7) for w in want]

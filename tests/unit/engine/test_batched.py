@@ -130,9 +130,9 @@ class LogitTap:
         self.doc_of: dict[str, str] = {}  # request id -> document key
         real = engine_module.verify
 
-        def verify(logits, bitmask, packed, vocab_size, backend):
+        def verify(logits, bitmask, packed, vocab_size, backend, native=None):
             self.observe(logits, bitmask, packed)
-            return real(logits, bitmask, packed, vocab_size, backend)
+            return real(logits, bitmask, packed, vocab_size, backend, native)
 
         monkeypatch.setattr(engine_module, "verify", verify)
 
