@@ -12,6 +12,15 @@
  * loop over (query, key) pairs lacks). Items run in parallel under OpenMP (the runtime torch
  * already loaded: the same soname, so one thread pool).
  *
+ * Shared prefixes: documents of one schema begin with the same instruction + schema tokens, whose
+ * KV each sequence's buffer holds as a copy of the prefix cache's entry. With `shared` set, the
+ * table carries 2 * layers + 2 more rows: every layer's key addresses of a sequence's prefix
+ * entry, then every layer's value addresses, then the entry's length and its capacity (0: none).
+ * A block of keys or values that lies wholly inside that length is read from the entry rather than
+ * from the sequence's own copy: the same bits, so the same results, but the sequences of a batch
+ * that share a prefix read one copy of it, which stays in cache from one to the next, instead of
+ * each streaming its own from memory.
+ *
  * HEAD_DIM and VALUE_DIM are fixed at compile time (kernels/cpu_attention.py builds one library
  * per shape) so the dot products unroll into whole vectors.
  */
@@ -157,13 +166,20 @@ static inline void dot_block_bf16(const __m512bh *q, const uint16_t *k, int64_t 
 }
 #endif
 
+/* Where rows [from, from + n) of a buffer are read: the shared prefix entry's copy (`entry`,
+ * holding `shared` rows) when they all lie inside it, else the sequence's own (`own`). */
+static inline const char *rows_at(const char *own, const char *entry, int64_t shared, int64_t from, int64_t n,
+                                  int64_t row_bytes) {
+    return (entry && from + n <= shared ? entry : own) + from * row_bytes;
+}
+
 /* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
  * called with a literal kv_bf16, so that each case's loops are specialised. */
 static inline __attribute__((always_inline)) void attend_item(
         const int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
         const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
         int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st, int64_t o_sh, int group, float scale,
-        int64_t window) {
+        int64_t window, int with_shared) {
     char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
     char *values = (char *)(intptr_t)table[(layers + layer) * num_seqs + j];
     const int64_t *meta = table + 2 * layers * num_seqs;
@@ -173,6 +189,17 @@ static inline __attribute__((always_inline)) void attend_item(
     const int64_t es = kv_bf16 ? 2 : 4; /* bytes per stored element */
     keys += (int64_t)g * cap * D * es;
     values += (int64_t)g * cap * DV * es;
+    const char *skeys = NULL, *svalues = NULL; /* the shared prefix entry's rows of this head, if any */
+    int64_t shared = 0;
+    if (with_shared) {
+        const int64_t *sh = table + (2 * layers + 4) * num_seqs;
+        shared = sh[(2 * layers) * num_seqs + j];
+        int64_t scap = sh[(2 * layers + 1) * num_seqs + j];
+        if (shared > 0) {
+            skeys = (const char *)(intptr_t)sh[layer * num_seqs + j] + (int64_t)g * scap * D * es;
+            svalues = (const char *)(intptr_t)sh[(layers + layer) * num_seqs + j] + (int64_t)g * scap * DV * es;
+        }
+    }
     int64_t end = past + rows;
     for (int64_t i = 0; i < rows; i++) { /* append this item's new keys and values */
         if (kv_bf16) {
@@ -207,22 +234,21 @@ static inline __attribute__((always_inline)) void attend_item(
                                    ((int64_t)g * group + qi / rows) * q_sh;
             for (int c = 0; c < D / 32; c++) qv[c] = (__m512bh)_mm512_loadu_si512(qrow + c * 32);
             float *s = scores + qi * padded;
-            const uint16_t *kb = (const uint16_t *)keys + lo * D;
             int64_t b = 0;
             for (; b + 16 <= span; b += 16) {
                 if (qi == 0) { /* the first query streams the keys: ask for the next ones and this group's values */
-                    const char *ahead = (const char *)(kb + (b + PREFETCH_KEYS) * D);
-                    const char *vals = (const char *)((const uint16_t *)values + (lo + b) * DV);
+                    const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, 16, 2 * D);
+                    const char *vals = rows_at(values, svalues, shared, lo + b, 16, 2 * DV);
                     for (int l = 0; l < 16 * D * 2; l += 64) {
                         __builtin_prefetch(ahead + l, 0, 3);
                         __builtin_prefetch(vals + l * DV / D, 0, 2);
                     }
                 }
-                dot_block_bf16(qv, kb + b * D, D, s + b);
+                dot_block_bf16(qv, (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D), D, s + b);
             }
             if (b < span) { /* the last keys, padded with zeros */
                 memset(tail, 0, sizeof tail);
-                memcpy(tail, kb + b * D, 2 * D * (span - b));
+                memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
                 dot_block_bf16(qv, tail, D, s + b);
                 b += 16;
             }
@@ -232,14 +258,15 @@ static inline __attribute__((always_inline)) void attend_item(
 #endif
     for (int64_t b = 0; b < span; b += NB) { /* q.K: each block of keys once, for every query */
         int64_t nb = span - b < NB ? span - b : NB;
-        const char *ahead = keys + (lo + b + PREFETCH_KEYS) * D * es, *vals = values + (lo + b) * DV * es;
+        const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, NB, D * es);
+        const char *vals = rows_at(values, svalues, shared, lo + b, nb, DV * es);
         for (int64_t l = 0; l < NB * D * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
         for (int64_t l = 0; l < NB * DV * es; l += 64) __builtin_prefetch(vals + l, 0, 2);
+        const char *kb = rows_at(keys, skeys, shared, lo + b, nb, D * es);
         if (kv_bf16) {
-            const uint16_t *kb = (const uint16_t *)keys + (lo + b) * D;
-            for (int64_t e = 0; e < nb * D; e++) block[e] = bf16_to_f32(kb[e]);
+            for (int64_t e = 0; e < nb * D; e++) block[e] = bf16_to_f32(((const uint16_t *)kb)[e]);
         } else {
-            memcpy(block, (const float *)keys + (lo + b) * D, sizeof(float) * nb * D);
+            memcpy(block, kb, sizeof(float) * nb * D);
         }
         memset(block + nb * D, 0, sizeof(float) * (NB - nb) * D);
         for (int64_t qi = 0; qi < nq; qi++) {
@@ -264,11 +291,11 @@ static inline __attribute__((always_inline)) void attend_item(
     }
     for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
         int64_t nb = span - b < NB ? span - b : NB;
+        const char *vb = rows_at(values, svalues, shared, lo + b, nb, DV * es);
         if (kv_bf16) {
-            const uint16_t *vb = (const uint16_t *)values + (lo + b) * DV;
-            for (int64_t e = 0; e < nb * DV; e++) block[e] = bf16_to_f32(vb[e]);
+            for (int64_t e = 0; e < nb * DV; e++) block[e] = bf16_to_f32(((const uint16_t *)vb)[e]);
         } else {
-            memcpy(block, (const float *)values + (lo + b) * DV, sizeof(float) * nb * DV);
+            memcpy(block, vb, sizeof(float) * nb * DV);
         }
         for (int64_t qi = 0; qi < nq; qi++) {
             vf a0[VDV], a1[VDV] = {0}; /* even and odd keys: two chains per lane */
@@ -302,25 +329,28 @@ static inline __attribute__((always_inline)) void attend_item(
     free(qs);
 }
 
-/* Append and attend, for one layer, every sequence in `table` (see the top of the file).
+/* Append and attend, for one layer, every sequence in `table` (see the top of the file; with
+ * `with_shared`, the table's shared-prefix rows too).
  * q [T, heads, D], k [T, kv_heads, D], v [T, kv_heads, DV]: fp32 (in_bf16 = 0) or bf16, strides
  * in elements; KV buffers fp32 (kv_bf16 = 0) or bf16 (only with bf16 inputs); out [T, heads, DV]
  * fp32. window <= 0: no sliding window. */
 void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,
                        const void *v, int64_t v_st, int64_t v_sh, int in_bf16, int kv_bf16, float *out,
                        int64_t o_st, int64_t o_sh, const int64_t *table, int64_t num_seqs, int64_t layers,
-                       int64_t layer, int heads, int kv_heads, float scale, int64_t window, int threads) {
+                       int64_t layer, int heads, int kv_heads, float scale, int64_t window, int with_shared,
+                       int threads) {
     int group = heads / kv_heads;
     int64_t items = num_seqs * kv_heads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && items > 1)
     for (int64_t it = 0; it < items; it++) {
         if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
             attend_item(1, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window);
+                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared);
         else
             attend_item(0, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window);
+                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared);
     }
 }
 
 int structspec_attend_dims(void) { return D * 10000 + DV; }
+int structspec_attend_version(void) { return 2; } /* 2: the shared-prefix rows */

@@ -39,10 +39,12 @@ class NativeAttention:
         lib = ctypes.CDLL(str(path))
         if lib.structspec_attend_dims() != head_dim * 10000 + value_dim:
             raise RuntimeError(f"{path} was built for other head sizes")
+        if lib.structspec_attend_version() != 2:
+            raise RuntimeError(f"{path} is another version of {SOURCE.name}")
         fn = lib.structspec_attend
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr, i64, i64, ptr,
-                       i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, i64, ctypes.c_int]
+                       i64, i64, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, i64, ctypes.c_int, ctypes.c_int]
         fn.restype = None
         self._fn = fn
         self._lib = lib
@@ -52,7 +54,8 @@ class NativeAttention:
                kv_dtype: torch.dtype = torch.float32, threads: int | None = None) -> None:
         """Append and attend, for `layer`, every sequence of `table` (int64 [2 * layers + 4, S] on
         the CPU, the layout of kv_cache.Step.tables; buffers [kv_heads, capacity, dim] of
-        `kv_dtype`: fp32, or bf16 with bf16 inputs).
+        `kv_dtype`: fp32, or bf16 with bf16 inputs), or [4 * layers + 6, S] with each sequence's
+        shared prefix entry after it (kv_cache.native_table; cpu_attention.c's header).
         query [T, heads, D], key [T, kv_heads, D], value [T, kv_heads, DV]: fp32 or bf16, one
         dtype, unit last stride; writes rows of `out` [T, heads, DV] fp32 contiguous. The caller
         keeps the buffers alive and large enough (the engine's slots do)."""
@@ -71,12 +74,15 @@ class NativeAttention:
         if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (query.shape[0], query.shape[1],
                                                                                  self.value_dim):
             raise ValueError("out must be contiguous fp32 [T, heads, DV]")
-        if table.dtype != torch.int64 or not table.is_contiguous() or table.shape[0] != 2 * layers + 4:
-            raise ValueError(f"table must be contiguous int64 [2 * layers + 4, S], got {tuple(table.shape)}")
+        if table.dtype != torch.int64 or not table.is_contiguous() or table.shape[0] not in (2 * layers + 4,
+                                                                                              4 * layers + 6):
+            raise ValueError(f"table must be contiguous int64 [2 * layers + 4, S] or [4 * layers + 6, S], got "
+                             f"{tuple(table.shape)}")
         self._fn(query.data_ptr(), query.stride(0), query.stride(1), key.data_ptr(), key.stride(0), key.stride(1),
                  value.data_ptr(), value.stride(0), value.stride(1), int(query.dtype == torch.bfloat16),
                  int(kv_dtype == torch.bfloat16), out.data_ptr(), out.stride(0), out.stride(1), table.data_ptr(), table.shape[1], layers, layer,
-                 query.shape[1], key.shape[1], scale, window or 0, threads or torch.get_num_threads())
+                 query.shape[1], key.shape[1], scale, window or 0, int(table.shape[0] == 4 * layers + 6),
+                 threads or torch.get_num_threads())
 
 
 def load(head_dim: int, value_dim: int, cache_dir: Path | str | None = None) -> NativeAttention:

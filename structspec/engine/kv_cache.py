@@ -77,6 +77,9 @@ class Slot:
                        for s in layout.layers]
         # every layer's key buffer address, then every value buffer's: the Triton attention's tables
         self.addresses = [t.data_ptr() for t in self.keys] + [t.data_ptr() for t in self.values]
+        # the prefix cache entry whose copy this slot's first tokens are (the native attention reads
+        # the entry instead, one copy for every sequence of the batch that shares it)
+        self.shared: PrefixEntry | None = None
 
     def rollback(self, num_tokens: int) -> None:
         """Forget the last `num_tokens` tokens (their KV is overwritten by the next write)."""
@@ -90,14 +93,20 @@ class Slot:
         for dst, src in zip(self.values, entry.values):
             dst[:, :entry.length].copy_(src)
         self.length = entry.length
+        self.shared = entry
 
 
 @dataclass
 class PrefixEntry:
     length: int
-    keys: list[torch.Tensor]
+    keys: list[torch.Tensor]  # per layer, [kv_heads, length, key_dim] contiguous
     values: list[torch.Tensor]
     nbytes: int
+
+    @property
+    def addresses(self) -> list[int]:
+        """Every layer's key tensor address, then every value tensor's (as Slot.addresses)."""
+        return [t.data_ptr() for t in self.keys] + [t.data_ptr() for t in self.values]
 
 
 class PrefixCache:
@@ -120,19 +129,20 @@ class PrefixCache:
             self._entries.move_to_end(key)
         return entry
 
-    def put(self, key: tuple[int, ...], slot: Slot, layout: KVLayout, limit: int) -> bool:
+    def put(self, key: tuple[int, ...], slot: Slot, layout: KVLayout, limit: int) -> PrefixEntry | None:
         """Keep a copy of `slot`'s first len(key) tokens, evicting older entries so that the
-        cache stays within `limit` bytes (and max_bytes); False when it cannot fit."""
+        cache stays within `limit` bytes (and max_bytes): the entry, or None when it cannot fit."""
         length = len(key)
         nbytes = length * layout.bytes_per_token
         limit = min(limit, self.max_bytes)
         if key in self._entries or nbytes > limit:
-            return False
+            return None
         self.evict(self.nbytes + nbytes - limit)
-        self._entries[key] = PrefixEntry(length, [k[:, :length].clone() for k in slot.keys],
-                                         [v[:, :length].clone() for v in slot.values], nbytes)
+        entry = PrefixEntry(length, [k[:, :length].clone(memory_format=torch.contiguous_format) for k in slot.keys],
+                            [v[:, :length].clone(memory_format=torch.contiguous_format) for v in slot.values], nbytes)
+        self._entries[key] = entry
         self.nbytes += nbytes
-        return True
+        return entry
 
     def evict(self, nbytes: int) -> int:
         """Drop least recently used entries until `nbytes` are freed (or none is left)."""
@@ -180,8 +190,10 @@ class KVCache:
 
     def remember_prefix(self, key: tuple[int, ...], slot: Slot) -> None:
         """Keep `slot`'s prefix if the budget has room beside the running sequences."""
-        if self.prefix.put(key, slot, self.layout, limit=self.budget_bytes - self.reserved_bytes):
+        entry = self.prefix.put(key, slot, self.layout, limit=self.budget_bytes - self.reserved_bytes)
+        if entry is not None:
             self.peak_bytes = max(self.peak_bytes, self.reserved_bytes + self.prefix.nbytes)
+            slot.shared = entry
 
 
 # --- attention over slots -----------------------------------------------------------------
@@ -251,7 +263,7 @@ class Step:
         if self._native_split is None:
             short = [seg for seg in self.segments if attends_in_fp32(seg)]
             rest = [seg for seg in self.segments if not attends_in_fp32(seg)]
-            table = segment_table(short).contiguous() if short else torch.empty(0, 0, dtype=torch.int64)
+            table = native_table(short) if short else torch.empty(0, 0, dtype=torch.int64)
             self._native_split = (table, rest)
         return self._native_split
 
@@ -264,6 +276,21 @@ def segment_table(segments: list[Segment]) -> torch.Tensor:
     meta = torch.tensor([[seg.start for seg in segments], [seg.rows for seg in segments],
                          [seg.past for seg in segments], [seg.slot.capacity for seg in segments]], dtype=torch.int64)
     return torch.cat([addresses, meta])
+
+
+def native_table(segments: list[Segment]) -> torch.Tensor:
+    """segment_table, and when a segment's slot holds a copy of a prefix cache entry, 2 * layers
+    + 2 more rows: each segment's entry key addresses, value addresses, length and capacity (0
+    where none), from which the native attention reads the prefix (cpu_attention.c's header)."""
+    table = segment_table(segments)
+    entries = [seg.slot.shared for seg in segments]
+    if not any(entries):
+        return table.contiguous()
+    layers = len(segments[0].slot.addresses) // 2
+    none = [0] * (2 * layers)
+    shared = torch.tensor([e.addresses if e is not None else none for e in entries], dtype=torch.int64).t()
+    meta = torch.tensor([[e.length if e is not None else 0 for e in entries]] * 2, dtype=torch.int64)
+    return torch.cat([table, shared, meta]).contiguous()
 
 
 # The step being run (set by the runner around one forward pass). A context variable rather
@@ -389,7 +416,7 @@ def native_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: to
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32, device=query.device)
     table, prefill = step.native_split()
     if table.numel():
-        layers = (table.shape[0] - 4) // 2
+        layers = len(step.segments[0].slot.keys)
         kv_dtype = step.segments[0].slot.keys[layer].dtype
         step.native.attend(q, k, v, out, table, layers, layer,
                            scaling if scaling is not None else query.shape[-1] ** -0.5, window, kv_dtype)

@@ -79,6 +79,60 @@ def test_native_attention_honours_strides_scale_and_thread_counts():
     assert torch.equal(outs[0], outs[1])  # work items are independent: the thread count changes nothing
 
 
+@pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("window", [None, 100])
+def test_a_shared_prefix_is_read_from_its_entry_with_the_same_results(dtype, kv_dtype, window):
+    """With the shared-prefix rows, blocks inside a sequence's prefix are read from the entry: an
+    entry holding the same bits gives bit-identical outputs; an entry holding other values
+    changes exactly the sequences that name it, as the reference over those values says."""
+    q, k, v, keys, values, table, starts, rows, pasts = case(dtype, kv_dtype, 9, 3, 64, 64)
+    layers, lib = 3, load(64, 64)
+    # sequences 3 (200 past) and 5 (130 past) share a 130-token prefix: sequence 5's copy is the entry's
+    length = 130
+    for layer in range(layers):
+        for buffers in (keys, values):
+            buffers[layer][3][:, :length] = buffers[layer][5][:, :length]
+    entry_k = [keys[i][5][:, :length].clone() for i in range(layers)]
+    entry_v = [values[i][5][:, :length].clone() for i in range(layers)]
+    saved = [b.clone() for b in keys[1] + values[1]]
+
+    def run(entry_keys, entry_values):
+        for b, s in zip(keys[1] + values[1], saved):
+            b.copy_(s)
+        n = table.shape[1]
+        ptrs = [[0] * n for _ in range(2 * layers)]
+        for j in (3, 5):
+            for i in range(layers):
+                ptrs[i][j], ptrs[layers + i][j] = entry_keys[i].data_ptr(), entry_values[i].data_ptr()
+        lengths = [length if j in (3, 5) else 0 for j in range(n)]
+        shared = torch.cat([table, torch.tensor(ptrs + [lengths, lengths], dtype=torch.int64)]).contiguous()
+        out = torch.empty(q.shape[0], 9, 64)
+        lib.attend(q, k, v, out, shared, layers, 1, 0.125, window, kv_dtype)
+        return out
+
+    plain = torch.empty(q.shape[0], 9, 64)
+    lib.attend(q, k, v, plain, table, layers, 1, 0.125, window, kv_dtype)
+    assert torch.equal(run(entry_k, entry_v), plain)
+    if window is not None:  # which blocks lie inside the prefix then depends on the window's start
+        return
+    # an entry of other values: sequences 3 and 5 now attend over them in their first 128 keys
+    # (the blocks of 64 wholly inside the prefix) and over their own copies past that
+    other_k = [t + 1.0 for t in entry_k]
+    other_v = [t * 2.0 for t in entry_v]
+    got = run(other_k, other_v)
+    ref_k = [b.clone() for b in keys[1]]
+    ref_v = [b.clone() for b in values[1]]
+    for j in (3, 5):
+        ref_k[j][:, :128] = other_k[1][:, :128]
+        ref_v[j][:, :128] = other_v[1][:, :128]
+    want = attention_reference(q.float(), k.float(), v.float(), [b.float() for b in ref_k], [b.float() for b in ref_v],
+                               starts, rows, pasts, scale=0.125, window=window)
+    assert (got - want).abs().max().item() <= 2e-5
+    changed = [starts[j] + i for j in (3, 5) for i in range(rows[j])]
+    same = [t for t in range(q.shape[0]) if t not in changed]
+    assert torch.equal(got[same], plain[same]) and not torch.equal(got[changed], plain[changed])
+
+
 def test_bad_arguments_are_named():
     q, k, v, keys, values, table, *_ = case(torch.float32, torch.float32, 9, 3, 64, 64)
     lib = load(64, 64)
