@@ -32,7 +32,7 @@ class Settings:
     # the JSON layout results may take between tokens (grammar/base.py): flexible (any whitespace,
     # the model's own layout, as plain constrained decoding allows) | compact (none: structure forced)
     json_whitespace: str = DEFAULT_WHITESPACE
-    kernel_backend: str = "auto"  # auto | triton | torch (auto: Triton on CUDA, the C attention on a CPU)
+    kernel_backend: str = "auto"  # auto | triton | torch (auto: Triton on CUDA, the C kernels on a CPU)
     data_dir: Path = field(default_factory=_default_data_dir)
     cache_dir: Path = field(default_factory=_default_cache_dir)
     # Not the jobs' default (that is job_strategy below): the fixed strategy a worker falls back
