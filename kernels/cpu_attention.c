@@ -90,6 +90,45 @@ typedef float vf __attribute__((vector_size(4 * VW)));
 #else
 #define DPBF16 0
 #endif
+#if DPBF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && D <= 128
+#include <sys/syscall.h>
+#include <unistd.h>
+/* q.K on the matrix units: for a block of 16 keys and up to 16 of an item's queries, S^T = K Q^T
+ * as tiles: A = the 16 keys' rows (32 dims each, read from the KV buffer as they lie), B = the
+ * queries transposed into bf16 pairs (built once per item), C = 16 x 16 fp32 scores. Each score
+ * is an fp32 sum of exact bf16 products of its own query and key, whatever else shares the tile,
+ * so a query's scores do not depend on the batch. */
+#define AMX 1
+static int amx_state = 0; /* 0: not asked yet; 1: the OS lets this process use the tiles; -1: not */
+static int amx_usable(void) {
+    int state = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
+    if (state == 0) { /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (idempotent; oneDNN asks the same) */
+        state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
+        __atomic_store_n(&amx_state, state, __ATOMIC_RELEASE);
+    }
+    return state == 1;
+}
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+/* tiles 0: C, 1-2: A (keys, alternating), 3-6: B (one per 32 dims): all 16 rows of 64 bytes.
+ * Loaded by each thread at the start of every call (and released at its end): oneDNN's GEMMs on
+ * the same threads configure the tiles their own way in between. */
+static inline void amx_configure(void) {
+    struct tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 7; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+#else
+#define AMX 0
+#endif
 
 /* The VW sums of a[0..VW-1]'s lanes, as one vector (lane i: the sum of a[i]): a transposing
  * tree of two-input shuffles and adds. */
@@ -179,7 +218,7 @@ static inline __attribute__((always_inline)) void attend_item(
         const int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
         const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
         int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st, int64_t o_sh, int group, float scale,
-        int64_t window, int with_shared) {
+        int64_t window, int with_shared, int amx) {
     char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
     char *values = (char *)(intptr_t)table[(layers + layer) * num_seqs + j];
     const int64_t *meta = table + 2 * layers * num_seqs;
@@ -225,6 +264,76 @@ static inline __attribute__((always_inline)) void attend_item(
             for (int64_t i = 0; i < rows; i++)
                 load_row(q, in_bf16, (start + i) * q_st + ((int64_t)g * group + hl) * q_sh, qs + (hl * rows + i) * D,
                          D);
+#if AMX
+    if (direct && amx) {
+        uint16_t tail[16 * D] __attribute__((aligned(64)));
+        uint32_t qt[4][16][16] __attribute__((aligned(64))); /* [32-dim chunk][dim pair][query] */
+        float c16[16][16] __attribute__((aligned(64)));     /* [key][query] */
+        for (int64_t q0 = 0; q0 < nq; q0 += 16) {
+            int64_t nqt = nq - q0 < 16 ? nq - q0 : 16;
+            memset(qt, 0, sizeof qt);
+            for (int64_t m = 0; m < nqt; m++) {
+                int64_t qi = q0 + m;
+                const uint32_t *qrow = (const uint32_t *)((const uint16_t *)q + (start + qi % rows) * q_st +
+                                                          ((int64_t)g * group + qi / rows) * q_sh);
+                for (int c = 0; c < D / 32; c++)
+                    for (int pp = 0; pp < 16; pp++) qt[c][pp][m] = qrow[c * 16 + pp];
+            }
+            _tile_loadd(3, qt[0], 64);
+#if D > 32
+            _tile_loadd(4, qt[1], 64);
+#endif
+#if D > 64
+            _tile_loadd(5, qt[2], 64);
+#endif
+#if D > 96
+            _tile_loadd(6, qt[3], 64);
+#endif
+            for (int64_t b = 0; b < span; b += 16) {
+                const uint16_t *kb;
+                if (b + 16 <= span) {
+                    kb = (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D);
+                    if (q0 == 0) { /* the first pass streams the keys: ask for the next ones and these values */
+                        const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, 16, 2 * D);
+                        const char *vals = rows_at(values, svalues, shared, lo + b, 16, 2 * DV);
+                        for (int l = 0; l < 16 * D * 2; l += 64) {
+                            __builtin_prefetch(ahead + l, 0, 3);
+                            __builtin_prefetch(vals + l * DV / D, 0, 2);
+                        }
+                    }
+                } else { /* the last keys, padded with zeros */
+                    memset(tail, 0, sizeof tail);
+                    memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
+                    kb = tail;
+                }
+                _tile_zero(0);
+                _tile_loadd(1, kb, 2 * D);
+                _tile_dpbf16ps(0, 1, 3);
+#if D > 32
+                _tile_loadd(2, kb + 32, 2 * D);
+                _tile_dpbf16ps(0, 2, 4);
+#endif
+#if D > 64
+                _tile_loadd(1, kb + 64, 2 * D);
+                _tile_dpbf16ps(0, 1, 5);
+#endif
+#if D > 96
+                _tile_loadd(2, kb + 96, 2 * D);
+                _tile_dpbf16ps(0, 2, 6);
+#endif
+                _tile_stored(0, c16, 64);
+                for (int64_t m = 0; m < nqt; m++) {
+                    float *srow = scores + (q0 + m) * padded + b;
+                    for (int n = 0; n < 16; n++) srow[n] = c16[n][m];
+                }
+            }
+            for (int64_t m = 0; m < nqt; m++) { /* the block's rest past the last 16: zeros, as below */
+                int64_t done = (span + 15) / 16 * 16;
+                memset(scores + (q0 + m) * padded + done, 0, sizeof(float) * (padded - done));
+            }
+        }
+    } else
+#endif
 #if DPBF16
     if (direct) { /* no conversion pass */
         uint16_t tail[16 * D] __attribute__((aligned(64)));
@@ -341,16 +450,39 @@ void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k,
                        int threads) {
     int group = heads / kv_heads;
     int64_t items = num_seqs * kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && items > 1)
-    for (int64_t it = 0; it < items; it++) {
-        if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
-            attend_item(1, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared);
-        else
-            attend_item(0, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                        k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared);
+#if AMX
+    int amx = kv_bf16 && in_bf16 && amx_usable(); /* q.K on the tiles (the direct bf16 path only) */
+#else
+    int amx = 0;
+#endif
+#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    {
+#if AMX
+        if (amx) amx_configure();
+#endif
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t it = 0; it < items; it++) {
+            if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
+                attend_item(1, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
+                            k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared,
+                            amx);
+            else
+                attend_item(0, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
+                            k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared,
+                            amx);
+        }
+#if AMX
+        if (amx) _tile_release();
+#endif
     }
 }
 
 int structspec_attend_dims(void) { return D * 10000 + DV; }
 int structspec_attend_version(void) { return 2; } /* 2: the shared-prefix rows */
+int structspec_attend_amx(void) { /* 1 when q.K runs on the matrix units (AMX) */
+#if AMX
+    return amx_usable();
+#else
+    return 0;
+#endif
+}

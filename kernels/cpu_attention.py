@@ -41,6 +41,8 @@ class NativeAttention:
             raise RuntimeError(f"{path} was built for other head sizes")
         if lib.structspec_attend_version() != 2:
             raise RuntimeError(f"{path} is another version of {SOURCE.name}")
+        # q.K on the matrix units (AMX; bf16 queries and KV) where this CPU has them and the OS allows it
+        self.amx = bool(lib.structspec_attend_amx())
         fn = lib.structspec_attend
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         fn.argtypes = [ptr, i64, i64, ptr, i64, i64, ptr, i64, i64, ctypes.c_int, ctypes.c_int, ptr, i64, i64, ptr,

@@ -133,6 +133,33 @@ def test_a_shared_prefix_is_read_from_its_entry_with_the_same_results(dtype, kv_
     assert torch.equal(got[same], plain[same]) and not torch.equal(got[changed], plain[changed])
 
 
+def test_bf16_q_k_runs_on_the_matrix_units_where_the_cpu_has_them_with_the_same_results_on_any_threads():
+    """On a CPU with AMX (and AVX512-BF16) the bf16 path's q.K runs on the tiles: each thread
+    configures them for the call (oneDNN's GEMMs on the same threads configure their own), so
+    1 and 2 threads, and rows of up to 16 or more queries an item, agree with the reference."""
+    from pathlib import Path
+
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    lib = load(64, 64)
+    if "amx_bf16" in flags and "avx512_bf16" in flags:
+        assert lib.amx, "this CPU has AMX but the attention does not use it (did the OS refuse the tiles?)"
+    else:
+        assert not lib.amx
+    q, k, v, keys, values, table, starts, rows, pasts = case(torch.bfloat16, torch.bfloat16, 9, 3, 64, 64)
+    before = [b.clone() for b in keys[2] + values[2]]
+    outs = []
+    for threads in (1, 2):
+        for b, saved in zip(keys[2] + values[2], before):
+            b.copy_(saved)
+        out = torch.empty(q.shape[0], 9, 64)
+        lib.attend(q, k, v, out, table, 3, 2, 0.125, kv_dtype=torch.bfloat16, threads=threads)
+        outs.append(out)
+    want = attention_reference(q.float(), k.float(), v.float(), [b.float() for b in keys[2]],
+                               [b.float() for b in values[2]], starts, rows, pasts, scale=0.125)
+    assert (outs[0] - want).abs().max().item() <= 2e-5  # rows of 8 over 3 heads: 24 queries, two tiles
+    assert torch.equal(outs[0], outs[1])
+
+
 def test_bad_arguments_are_named():
     q, k, v, keys, values, table, *_ = case(torch.float32, torch.float32, 9, 3, 64, 64)
     lib = load(64, 64)
