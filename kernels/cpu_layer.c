@@ -181,6 +181,13 @@ void structspec_silu_mul(const void *gu, int64_t gs, void *out, int64_t os, int6
  * when there is none). The argmax is exact (comparisons only), as torch's masked argmax; logz sums
  * in another order than torch's logsumexp (last fp32 bits). Words of zero, most of a mask inside
  * JSON's structure, are skipped unread. */
+/* The mask's 16 bits for tokens [at, at + 16) (at a multiple of 16), and as lanes: all-ones where
+ * the token is allowed and below `vocab` */
+static inline uint32_t mask_bits(const uint32_t *m, int64_t at) { return (m[at >> 5] >> (at & 31)) & 0xffffu; }
+static inline vi allowed_lanes(uint32_t bits, int64_t at, int64_t vocab, vi iota) {
+    return ((((vi){0} + (int32_t)bits) >> iota & 1) != 0) & (iota < (int32_t)(vocab - at));
+}
+
 void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mask, int64_t ms, const int64_t *rows,
                               int64_t n, int64_t vocab, int64_t *idx, float *logz, int bf16, int threads) {
     int64_t size = bf16 ? 2 : 4;
@@ -194,12 +201,11 @@ void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mas
         vf best = (vf){0} - INFINITY;
         vi best_at = (vi){0} - 1;
         for (int64_t at = 0; at < vocab; at += W) {
-            uint32_t bits = (m[at >> 5] >> (at & 31)) & 0xffffu;
+            uint32_t bits = mask_bits(m, at);
             if (!bits)
                 continue;
-            int64_t count = vocab - at < W ? vocab - at : W;
-            vf v = load(x, at, count, bf16);
-            vi better = ((((vi){0} + (int32_t)bits) >> iota & 1) != 0) & (iota < (int32_t)count) & (v > best);
+            vf v = load(x, at, vocab - at, bf16);
+            vi better = allowed_lanes(bits, at, vocab, iota) & (v > best);
             best = select(better, v, best);
             best_at = (better & (iota + (int32_t)at)) | (~better & best_at);
         }
@@ -219,12 +225,11 @@ void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mas
         }
         vf sum = {0};
         for (int64_t at = 0; at < vocab; at += W) {
-            uint32_t bits = (m[at >> 5] >> (at & 31)) & 0xffffu;
+            uint32_t bits = mask_bits(m, at);
             if (!bits)
                 continue;
-            int64_t count = vocab - at < W ? vocab - at : W;
-            vf v = load(x, at, count, bf16);
-            vi on = ((((vi){0} + (int32_t)bits) >> iota & 1) != 0) & (iota < (int32_t)count) & (v > -INFINITY);
+            vf v = load(x, at, vocab - at, bf16);
+            vi on = allowed_lanes(bits, at, vocab, iota) & (v > -INFINITY);
             sum += select(on, exp_nonpos(select(on, v - top, (vf){0})), (vf){0});
         }
         float total = 0.0f;
