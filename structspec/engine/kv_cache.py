@@ -78,7 +78,8 @@ class Slot:
         # every layer's key buffer address, then every value buffer's: the Triton attention's tables
         self.addresses = [t.data_ptr() for t in self.keys] + [t.data_ptr() for t in self.values]
         # the prefix cache entry whose copy this slot's first tokens are (the native attention reads
-        # the entry instead, one copy for every sequence of the batch that shares it)
+        # the entry instead, one copy for every sequence of the batch that shares it; an evicted
+        # entry drops its tensors, so holding it keeps no memory beyond the budget)
         self.shared: PrefixEntry | None = None
 
     def rollback(self, num_tokens: int) -> None:
@@ -149,6 +150,7 @@ class PrefixCache:
         freed = 0
         while freed < nbytes and self._entries:
             _, entry = self._entries.popitem(last=False)
+            entry.keys, entry.values = [], []  # freed now, though slots that copied it still name it
             freed += entry.nbytes
             self.nbytes -= entry.nbytes
         return freed
@@ -283,7 +285,8 @@ def native_table(segments: list[Segment]) -> torch.Tensor:
     + 2 more rows: each segment's entry key addresses, value addresses, length and capacity (0
     where none), from which the native attention reads the prefix (cpu_attention.c's header)."""
     table = segment_table(segments)
-    entries = [seg.slot.shared for seg in segments]
+    entries = [seg.slot.shared if seg.slot.shared is not None and seg.slot.shared.keys else None
+               for seg in segments]
     if not any(entries):
         return table.contiguous()
     layers = len(segments[0].slot.addresses) // 2
