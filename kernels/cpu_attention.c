@@ -212,6 +212,20 @@ static inline const char *rows_at(const char *own, const char *entry, int64_t sh
     return (entry && from + n <= shared ? entry : own) + from * row_bytes;
 }
 
+#if DPBF16
+/* While 16 bf16 keys from row `at` are read: ask for the keys PREFETCH_KEYS ahead (into L1) and for
+ * the values of these keys (into L2, for P.V), from wherever rows_at reads them. */
+static inline void prefetch_bf16_run(const char *keys, const char *skeys, const char *values, const char *svalues,
+                                     int64_t shared, int64_t at) {
+    const char *ahead = rows_at(keys, skeys, shared, at + PREFETCH_KEYS, 16, 2 * D);
+    const char *vals = rows_at(values, svalues, shared, at, 16, 2 * DV);
+    for (int l = 0; l < 16 * D * 2; l += 64) {
+        __builtin_prefetch(ahead + l, 0, 3);
+        __builtin_prefetch(vals + l * DV / D, 0, 2);
+    }
+}
+#endif
+
 /* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
  * called with a literal kv_bf16, so that each case's loops are specialised. */
 static inline __attribute__((always_inline)) void attend_item(
@@ -293,14 +307,8 @@ static inline __attribute__((always_inline)) void attend_item(
                 const uint16_t *kb;
                 if (b + 16 <= span) {
                     kb = (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D);
-                    if (q0 == 0) { /* the first pass streams the keys: ask for the next ones and these values */
-                        const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, 16, 2 * D);
-                        const char *vals = rows_at(values, svalues, shared, lo + b, 16, 2 * DV);
-                        for (int l = 0; l < 16 * D * 2; l += 64) {
-                            __builtin_prefetch(ahead + l, 0, 3);
-                            __builtin_prefetch(vals + l * DV / D, 0, 2);
-                        }
-                    }
+                    if (q0 == 0) /* the first pass streams the keys */
+                        prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
                 } else { /* the last keys, padded with zeros */
                     memset(tail, 0, sizeof tail);
                     memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
@@ -345,14 +353,8 @@ static inline __attribute__((always_inline)) void attend_item(
             float *s = scores + qi * padded;
             int64_t b = 0;
             for (; b + 16 <= span; b += 16) {
-                if (qi == 0) { /* the first query streams the keys: ask for the next ones and this group's values */
-                    const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, 16, 2 * D);
-                    const char *vals = rows_at(values, svalues, shared, lo + b, 16, 2 * DV);
-                    for (int l = 0; l < 16 * D * 2; l += 64) {
-                        __builtin_prefetch(ahead + l, 0, 3);
-                        __builtin_prefetch(vals + l * DV / D, 0, 2);
-                    }
-                }
+                if (qi == 0) /* the first query streams the keys */
+                    prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
                 dot_block_bf16(qv, (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D), D, s + b);
             }
             if (b < span) { /* the last keys, padded with zeros */

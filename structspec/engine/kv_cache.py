@@ -289,8 +289,7 @@ def native_table(segments: list[Segment]) -> torch.Tensor:
                for seg in segments]
     if not any(entries):
         return table.contiguous()
-    layers = len(segments[0].slot.addresses) // 2
-    none = [0] * (2 * layers)
+    none = [0] * (2 * len(segments[0].slot.keys))
     shared = torch.tensor([e.addresses if e is not None else none for e in entries], dtype=torch.int64).t()
     meta = torch.tensor([[e.length if e is not None else 0 for e in entries]] * 2, dtype=torch.int64)
     return torch.cat([table, shared, meta]).contiguous()

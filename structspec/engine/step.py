@@ -115,7 +115,7 @@ def verify(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed, vocab_si
     sampled = [b for b, s in enumerate(seqs) if s.temperature > 0]
     if not sampled:
         if native is not None:
-            target, _ = native.masked_argmax(logits, bitmask[:logits.shape[0]])
+            target, _ = native.masked_argmax(logits, bitmask)
             longest = max(b - a for a, b in zip(packed.cu_list, packed.cu_list[1:]))
             return _rows(*accept_targets(target, packed.drafts, packed.cu, longest))
         tokens, num = kernels.verify_greedy(logits, bitmask, packed.drafts, packed.cu, backend=backend)
