@@ -53,33 +53,36 @@ class NativeAttention:
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
                table: torch.Tensor, layers: int, layer: int, scale: float, window: int | None = None,
-               kv_dtype: torch.dtype = torch.float32, threads: int | None = None) -> None:
+               kv_dtype: torch.dtype = torch.float32, threads: int | None = None, check: bool = True) -> None:
         """Append and attend, for `layer`, every sequence of `table` (int64 [2 * layers + 4, S] on
         the CPU, the layout of kv_cache.Step.tables; buffers [kv_heads, capacity, dim] of
         `kv_dtype`: fp32, or bf16 with bf16 inputs), or [4 * layers + 6, S] with each sequence's
         shared prefix entry after it (kv_cache.native_table; cpu_attention.c's header).
         query [T, heads, D], key [T, kv_heads, D], value [T, kv_heads, DV]: fp32 or bf16, one
         dtype, unit last stride; writes rows of `out` [T, heads, DV] fp32 contiguous. The caller
-        keeps the buffers alive and large enough (the engine's slots do)."""
-        if not (query.dtype == key.dtype == value.dtype) or query.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"query, key and value must share fp32 or bf16, got {query.dtype}, {key.dtype}, "
-                             f"{value.dtype}")
-        if kv_dtype not in (torch.float32, query.dtype):
-            raise ValueError(f"KV buffers of {kv_dtype} take {kv_dtype} rows, not {query.dtype}")
-        if query.shape[2] != self.head_dim or key.shape[2] != self.head_dim or value.shape[2] != self.value_dim:
-            raise ValueError(f"head sizes {query.shape[2]}/{value.shape[2]}, built for {self.head_dim}/"
-                             f"{self.value_dim}")
-        if query.shape[1] % key.shape[1] or key.shape[1] != value.shape[1]:
-            raise ValueError(f"{query.shape[1]} query heads over {key.shape[1]} key / {value.shape[1]} value heads")
-        if any(t.stride(2) != 1 for t in (query, key, value)):
-            raise ValueError("query, key and value need a unit last stride")
-        if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (query.shape[0], query.shape[1],
-                                                                                 self.value_dim):
-            raise ValueError("out must be contiguous fp32 [T, heads, DV]")
-        if table.dtype != torch.int64 or not table.is_contiguous() or table.shape[0] not in (2 * layers + 4,
-                                                                                              4 * layers + 6):
-            raise ValueError(f"table must be contiguous int64 [2 * layers + 4, S] or [4 * layers + 6, S], got "
-                             f"{tuple(table.shape)}")
+        keeps the buffers alive and large enough (the engine's slots do). check=False skips the
+        argument checks, for a caller that passes the shapes it passed before (the rest of a
+        forward pass's layers)."""
+        if check:
+            if not (query.dtype == key.dtype == value.dtype) or query.dtype not in (torch.float32, torch.bfloat16):
+                raise ValueError(f"query, key and value must share fp32 or bf16, got {query.dtype}, {key.dtype}, "
+                                 f"{value.dtype}")
+            if kv_dtype not in (torch.float32, query.dtype):
+                raise ValueError(f"KV buffers of {kv_dtype} take {kv_dtype} rows, not {query.dtype}")
+            if query.shape[2] != self.head_dim or key.shape[2] != self.head_dim or value.shape[2] != self.value_dim:
+                raise ValueError(f"head sizes {query.shape[2]}/{value.shape[2]}, built for {self.head_dim}/"
+                                 f"{self.value_dim}")
+            if query.shape[1] % key.shape[1] or key.shape[1] != value.shape[1]:
+                raise ValueError(f"{query.shape[1]} query heads over {key.shape[1]} key / {value.shape[1]} value heads")
+            if any(t.stride(2) != 1 for t in (query, key, value)):
+                raise ValueError("query, key and value need a unit last stride")
+            if out.dtype != torch.float32 or not out.is_contiguous() or out.shape != (query.shape[0], query.shape[1],
+                                                                                     self.value_dim):
+                raise ValueError("out must be contiguous fp32 [T, heads, DV]")
+            if table.dtype != torch.int64 or not table.is_contiguous() or table.shape[0] not in (2 * layers + 4,
+                                                                                                  4 * layers + 6):
+                raise ValueError(f"table must be contiguous int64 [2 * layers + 4, S] or [4 * layers + 6, S], got "
+                                 f"{tuple(table.shape)}")
         self._fn(query.data_ptr(), query.stride(0), query.stride(1), key.data_ptr(), key.stride(0), key.stride(1),
                  value.data_ptr(), value.stride(0), value.stride(1), int(query.dtype == torch.bfloat16),
                  int(kv_dtype == torch.bfloat16), out.data_ptr(), out.stride(0), out.stride(1), table.data_ptr(), table.shape[1], layers, layer,

@@ -45,36 +45,53 @@ static inline vu bf16_bits(vf f) {
     return (r & ~nan) | (nan & 0x7fc0u);
 }
 
-/* `m` <= W elements at p (fp32, or bf16 when bf16) as fp32 lanes; the rest zero */
-static inline vf load(const void *p, int64_t i, int64_t m, int bf16) {
+/* Partial vectors (a row's last m < W elements) go through a zeroed copy on the stack, in functions
+ * of their own: a variable-size copy makes its buffer live in memory, and sharing one buffer with
+ * the whole-vector path sent every full load and store through the stack too (~3x slower). */
+static __attribute__((noinline)) vf load_part(const void *p, int64_t i, int64_t m, int bf16) {
     if (bf16) {
         vh h = {0};
-        if (m >= W)  /* a whole vector: one load (a variable-size copy would go through the stack) */
-            memcpy(&h, (const uint16_t *)p + i, sizeof h);
-        else
-            memcpy(&h, (const uint16_t *)p + i, 2 * m);
+        memcpy(&h, (const uint16_t *)p + i, 2 * m);
         return bits_f(__builtin_convertvector(h, vu) << 16);
     }
     vf f = {0};
-    if (m >= W)
-        memcpy(&f, (const float *)p + i, sizeof f);
-    else
-        memcpy(&f, (const float *)p + i, 4 * m);
+    memcpy(&f, (const float *)p + i, 4 * m);
     return f;
 }
 
-/* the first `m` lanes of v to p, rounded to bf16 when bf16 */
-static inline void store(void *p, int64_t i, int64_t m, vf v, int bf16) {
+static __attribute__((noinline)) void store_part(void *p, int64_t i, int64_t m, vf v, int bf16) {
     if (bf16) {
         vh h = __builtin_convertvector(bf16_bits(v), vh);
-        if (m >= W)
-            memcpy((uint16_t *)p + i, &h, sizeof h);
-        else
-            memcpy((uint16_t *)p + i, &h, 2 * m);
-    } else if (m >= W) {
-        memcpy((float *)p + i, &v, sizeof v);
+        memcpy((uint16_t *)p + i, &h, 2 * m);
     } else {
         memcpy((float *)p + i, &v, 4 * m);
+    }
+}
+
+/* `m` elements at p (fp32, or bf16 when bf16) as fp32 lanes, the lanes past m zero (m >= W: a
+ * whole vector, one unaligned load) */
+static inline vf load(const void *p, int64_t i, int64_t m, int bf16) {
+    if (m < W)
+        return load_part(p, i, m, bf16);
+    if (bf16) {
+        vh h;
+        memcpy(&h, (const uint16_t *)p + i, sizeof h);
+        return bits_f(__builtin_convertvector(h, vu) << 16);
+    }
+    vf f;
+    memcpy(&f, (const float *)p + i, sizeof f);
+    return f;
+}
+
+/* the first min(m, W) lanes of v to p, rounded to bf16 when bf16 */
+static inline void store(void *p, int64_t i, int64_t m, vf v, int bf16) {
+    if (m < W) {
+        store_part(p, i, m, v, bf16);
+    } else if (bf16) {
+        vh h = __builtin_convertvector(bf16_bits(v), vh);
+        memcpy((uint16_t *)p + i, &h, sizeof h);
+    } else {
+        memcpy((float *)p + i, &v, sizeof v);
     }
 }
 

@@ -77,8 +77,21 @@ class LayerOps:
         self._lib = lib
 
     def add_rms_norm(self, x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor, eps: float,
-                     threads: int | None = None) -> torch.Tensor:
-        """x += y in place (skipped when y is None); returns RMSNorm(x) * weight, a new [rows, n]."""
+                     threads: int | None = None, check: bool = True) -> torch.Tensor:
+        """x += y in place (skipped when y is None); returns RMSNorm(x) * weight, a new [rows, n].
+        check=False (here and in the other steps) skips the argument checks: for a caller that
+        passes what it passed before, but for the row count (the lean forward, whose checks per
+        call cost more than a one-row step's C work)."""
+        if check:
+            self._check_norm(x, y, weight)
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self._norm(x.data_ptr(), x.stride(0), None if y is None else y.data_ptr(), 0 if y is None else y.stride(0),
+                   weight.data_ptr(), out.data_ptr(), out.stride(0), x.shape[0], x.shape[1], eps,
+                   int(x.dtype == torch.bfloat16), threads or torch.get_num_threads())
+        return out
+
+    @staticmethod
+    def _check_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor) -> None:
         _rows(x, "x")
         if y is not None:
             _rows(y, "y", x.dtype)
@@ -87,16 +100,18 @@ class LayerOps:
         if weight.dtype != x.dtype or weight.shape != (x.shape[1],) or not weight.is_contiguous():
             raise ValueError(f"weight must be contiguous {x.dtype} [{x.shape[1]}], got {weight.dtype} "
                              f"{tuple(weight.shape)}")
-        out = torch.empty(x.shape, dtype=x.dtype)
-        self._norm(x.data_ptr(), x.stride(0), None if y is None else y.data_ptr(), 0 if y is None else y.stride(0),
-                   weight.data_ptr(), out.data_ptr(), out.stride(0), x.shape[0], x.shape[1], eps,
-                   int(x.dtype == torch.bfloat16), threads or torch.get_num_threads())
-        return out
 
     def rotary_(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int,
-                threads: int | None = None) -> None:
+                threads: int | None = None, check: bool = True) -> None:
         """Rotary embedding in place on columns [0, heads * head_dim) of qk [rows, >= that], with
         cos and sin [rows, head_dim] of qk's dtype."""
+        if check:
+            self._check_rotary(qk, cos, sin, heads, head_dim)
+        self._rotary(qk.data_ptr(), qk.stride(0), heads, head_dim, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
+                     qk.shape[0], int(qk.dtype == torch.bfloat16), threads or torch.get_num_threads())
+
+    @staticmethod
+    def _check_rotary(qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, head_dim: int) -> None:
         _rows(qk, "qk")
         for t, name in ((cos, "cos"), (sin, "sin")):
             _rows(t, name, qk.dtype)
@@ -106,14 +121,13 @@ class LayerOps:
             raise ValueError("cos and sin must share a row stride")
         if head_dim % 2 or heads * head_dim > qk.shape[1]:
             raise ValueError(f"{heads} heads of {head_dim} do not fit rows of {qk.shape[1]} (or {head_dim} is odd)")
-        self._rotary(qk.data_ptr(), qk.stride(0), heads, head_dim, cos.data_ptr(), sin.data_ptr(), cos.stride(0),
-                     qk.shape[0], int(qk.dtype == torch.bfloat16), threads or torch.get_num_threads())
 
-    def silu_mul(self, gate_up: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+    def silu_mul(self, gate_up: torch.Tensor, threads: int | None = None, check: bool = True) -> torch.Tensor:
         """silu(gate_up[:, :n]) * gate_up[:, n:], a new [rows, n] (n = half of gate_up's width)."""
-        _rows(gate_up, "gate_up")
-        if gate_up.shape[1] % 2:
-            raise ValueError(f"gate_up's width {gate_up.shape[1]} is odd")
+        if check:
+            _rows(gate_up, "gate_up")
+            if gate_up.shape[1] % 2:
+                raise ValueError(f"gate_up's width {gate_up.shape[1]} is odd")
         n = gate_up.shape[1] // 2
         out = torch.empty(gate_up.shape[0], n, dtype=gate_up.dtype)
         self._silu(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0), gate_up.shape[0], n,

@@ -415,17 +415,27 @@ def native_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: to
     and attended in one call of kernels/cpu_attention.c (fp32 arithmetic over fp32 or bf16
     slots), prefill chunks by SDPA as upcast_ragged_attention does. Returns [1, T, heads, Dv]."""
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, dim]
-    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32, device=query.device)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return native_attention_rows(step, layer, q, k, v, window, scale, check=True).unsqueeze(0)
+
+
+def native_attention_rows(step: Step, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          window: int | None, scale: float, check: bool) -> torch.Tensor:
+    """native_ragged_attention over rows as they come out of a qkv GEMM: q [T, heads, D], k [T,
+    kv_heads, D], v [T, kv_heads, Dv] (any row and head strides); returns [T, heads, Dv] in q's
+    dtype. check=False skips the kernel's argument checks (the lean forward's layers after its
+    first: the same shapes, layer after layer)."""
+    out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32, device=q.device)
     table, prefill = step.native_split()
     if table.numel():
-        layers = len(step.segments[0].slot.keys)
-        kv_dtype = step.segments[0].slot.keys[layer].dtype
-        step.native.attend(q, k, v, out, table, layers, layer,
-                           scaling if scaling is not None else query.shape[-1] ** -0.5, window, kv_dtype)
-    for seg in prefill:
-        out[seg.start:seg.start + seg.rows] = prefill_attention(seg, layer, query, key, value, window,
-                                                                scaling)[0].transpose(0, 1)
-    return out.to(query.dtype).unsqueeze(0)
+        keys = step.segments[0].slot.keys
+        step.native.attend(q, k, v, out, table, len(keys), layer, scale, window, keys[layer].dtype, check=check)
+    if prefill:
+        query, key, value = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
+        for seg in prefill:
+            out[seg.start:seg.start + seg.rows] = prefill_attention(seg, layer, query, key, value, window,
+                                                                    scale)[0].transpose(0, 1)
+    return out.to(q.dtype)
 
 
 def native_layout(layout: KVLayout, dtype: torch.dtype, device: torch.device, cache_dir=None):

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from structspec.engine.kv_cache import ragged_attention
+from structspec.engine.kv_cache import CURRENT, Step, native_attention_rows, ragged_attention
 from structspec.engine.packed import PackedLinear, can_pack, pack_linears, unpack_linears
 
 ATTENTION_PARTS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -112,6 +112,7 @@ class LeanLayer:
         attn, mlp = layer.self_attn, layer.mlp
         wrap = PackedLinear if pack else (lambda linear: linear)
         self.attn = attn
+        self.index = attn.layer_idx
         self.qkv = wrap(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
         self.o = wrap(attn.o_proj)
         self.gate_up = wrap(_fuse([mlp.gate_proj, mlp.up_proj]))
@@ -205,15 +206,23 @@ class LeanForward:
         cos, sin = cos[0], sin[0]  # [T, D], x's dtype
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         q_width, qk_width = h * d, (h + kvh) * d
+        step = CURRENT.get()
+        native = isinstance(step, Step) and step.attention == "native"
         y = None  # the last sublayer's output, not yet added to x
         for layer in self.layers:
-            qkv = layer.qkv(ops.add_rms_norm(x, y, layer.norm1, layer.eps1))
-            ops.rotary_(qkv, cos, sin, h + kvh, d)
-            query = qkv[:, :q_width].view(rows, h, d).transpose(0, 1).unsqueeze(0)
-            key = qkv[:, q_width:qk_width].view(rows, kvh, d).transpose(0, 1).unsqueeze(0)
-            value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
-            out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
-            hidden = ops.add_rms_norm(x, layer.o(out.reshape(rows, -1)), layer.norm2, layer.eps2)
-            y = layer.down(ops.silu_mul(layer.gate_up(hidden)))
+            check = layer is self.layers[0]  # the C steps' argument checks: the same shapes every layer
+            qkv = layer.qkv(ops.add_rms_norm(x, y, layer.norm1, layer.eps1, check=check))
+            ops.rotary_(qkv, cos, sin, h + kvh, d, check=check)
+            if native:  # straight from the qkv rows to the C attention, without the attention interface
+                out = native_attention_rows(step, layer.index, qkv[:, :q_width].view(rows, h, d),
+                                            qkv[:, q_width:qk_width].view(rows, kvh, d),
+                                            qkv[:, qk_width:].view(rows, kvh, -1), None, self.scaling, check)
+            else:
+                query = qkv[:, :q_width].view(rows, h, d).transpose(0, 1).unsqueeze(0)
+                key = qkv[:, q_width:qk_width].view(rows, kvh, d).transpose(0, 1).unsqueeze(0)
+                value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
+                out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
+            hidden = ops.add_rms_norm(x, layer.o(out.reshape(rows, -1)), layer.norm2, layer.eps2, check=check)
+            y = layer.down(ops.silu_mul(layer.gate_up(hidden), check=check))
         last = x[logits_rows] + y[logits_rows]
         return self.lm_head(ops.add_rms_norm(last, None, self.norm, self.eps))

@@ -174,6 +174,8 @@ def test_bad_arguments_are_named():
         lib.attend(q, k, v, out, table[:5], 3, 0, 0.125)
     with pytest.raises(ValueError, match="out must be"):
         lib.attend(q, k, v, out.bfloat16(), table, 3, 0, 0.125)
+    with pytest.raises(ValueError, match="table must be"):  # check=False is for callers that checked before
+        lib.attend(q, k, v, out, table[:5], 3, 0, 0.125, check=True)
 
 
 def test_no_compiler_is_a_clear_error(monkeypatch, tmp_path):

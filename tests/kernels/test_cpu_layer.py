@@ -111,6 +111,26 @@ def test_strided_rows_and_thread_counts():
     assert torch.equal(ops.silu_mul(gate_up), ops.silu_mul(gate_up.contiguous()))
 
 
+def test_unchecked_calls_compute_the_same_bytes():
+    """check=False (the lean forward's layers after the first) skips only the argument checks."""
+    ops = load()
+    for dtype in DTYPES:
+        x, y = rand(9, 576, dtype=dtype, seed=1), rand(9, 576, dtype=dtype, seed=2)
+        w = rand(576, dtype=dtype, seed=3)
+        x2 = x.clone()
+        assert torch.equal(ops.add_rms_norm(x, y, w, 1e-5), ops.add_rms_norm(x2, y, w, 1e-5, check=False))
+        assert torch.equal(x, x2)
+        qk, cos, sin = rand(9, 960, dtype=dtype, seed=4), rand(9, 64, dtype=dtype, seed=5), rand(9, 64, dtype=dtype, seed=6)
+        qk2 = qk.clone()
+        ops.rotary_(qk, cos, sin, 12, 64)
+        ops.rotary_(qk2, cos, sin, 12, 64, check=False)
+        assert torch.equal(qk, qk2)
+        gate_up = rand(9, 3072, dtype=dtype, seed=7)
+        assert torch.equal(ops.silu_mul(gate_up), ops.silu_mul(gate_up, check=False))
+    with pytest.raises(ValueError, match="width 15 is odd"):  # the checked call still checks
+        ops.silu_mul(torch.zeros(4, 15, dtype=torch.bfloat16))
+
+
 def test_bad_arguments_are_named():
     ops = load()
     x = torch.zeros(4, 16, dtype=torch.bfloat16)
