@@ -260,11 +260,11 @@ class Step:
         return self._tables[layer], self._tables[layers + layer], self._tables[2 * layers:]
 
     def native_split(self) -> tuple[torch.Tensor, list[Segment]]:
-        """(the table of the decode and verification segments, in tables()'s layout, on the CPU;
-        the other segments, prefill chunks), for the native attention. Built once per step."""
+        """(the table of the segments the native attention takes (attends_natively), in tables()'s
+        layout, on the CPU; the other segments, long or first prefill chunks). Built once per step."""
         if self._native_split is None:
-            short = [seg for seg in self.segments if attends_in_fp32(seg)]
-            rest = [seg for seg in self.segments if not attends_in_fp32(seg)]
+            short = [seg for seg in self.segments if attends_natively(seg)]
+            rest = [seg for seg in self.segments if not attends_natively(seg)]
             table = native_table(short) if short else torch.empty(0, 0, dtype=torch.int64)
             self._native_split = (table, rest)
         return self._native_split
@@ -409,11 +409,25 @@ def attends_in_fp32(seg: Segment) -> bool:
     return seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0)
 
 
+def attends_natively(seg: Segment) -> bool:
+    """The segments the native attention takes: decode and verification rows, and prefill chunks
+    of up to NATIVE_PREFILL_MAX_ROWS over a cached past (a document after its schema's cached
+    prefix). A first chunk, or a longer one, stays with SDPA: the C kernel's work items are
+    (sequence, kv head), so one long chunk would keep few threads busy."""
+    return attends_in_fp32(seg) or (seg.past > 0 and seg.rows <= NATIVE_PREFILL_MAX_ROWS)
+
+
+# Around where one chunk over a cached past runs as fast through SDPA as through the C kernel
+# (the default model; docs/benchmarks.md, "A Zen 4 host").
+NATIVE_PREFILL_MAX_ROWS = 256
+
+
 def native_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             window: int | None, scaling: float | None) -> torch.Tensor:
-    """ragged_attention's "native" path (a CPU): every decode and verification segment appended
-    and attended in one call of kernels/cpu_attention.c (fp32 arithmetic over fp32 or bf16
-    slots), prefill chunks by SDPA as upcast_ragged_attention does. Returns [1, T, heads, Dv]."""
+    """ragged_attention's "native" path (a CPU): every decode and verification segment, and short
+    prefill chunks over a cached past (attends_natively), appended and attended in one call of
+    kernels/cpu_attention.c (fp32 arithmetic over fp32 or bf16 slots), other prefill chunks by
+    SDPA as upcast_ragged_attention does. Returns [1, T, heads, Dv]."""
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, dim]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return native_attention_rows(step, layer, q, k, v, window, scale, check=True).unsqueeze(0)
