@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def _bucket(n: int) -> int:
@@ -60,18 +60,27 @@ class PassCostCurve:
         self._points[key] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
 
     def __call__(self, rows: float, seqs: int = 1) -> float:
+        return self.at(seqs)(rows)
+
+    def at(self, seqs: int) -> Callable[[float], float]:
+        """Seconds per pass against its rows, for passes of `seqs` sequences: the curve read
+        once, for a caller that prices many row counts (choose_draft_lens)."""
         curve = self._curve(_bucket(seqs))
         if not curve:
-            return self.prior_fixed_s + self.prior_row_s * rows
+            return lambda rows: self.prior_fixed_s + self.prior_row_s * rows
         xs = [x for x, _ in curve]
         ys = [y for _, y in curve]
-        if rows <= xs[0]:
-            return ys[0]
-        if rows >= xs[-1]:
-            return ys[-1] + self.prior_row_s * (rows - xs[-1])
-        i = bisect.bisect_right(xs, rows)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        slope = self.prior_row_s
+
+        def cost(rows: float) -> float:
+            if rows <= xs[0]:
+                return ys[0]
+            if rows >= xs[-1]:
+                return ys[-1] + slope * (rows - xs[-1])
+            i = bisect.bisect_right(xs, rows)
+            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+            return y0 + (y1 - y0) * (rows - x0) / (x1 - x0)
+        return cost
 
     def _curve(self, seqs: int) -> list[tuple[int, float]]:
         """(rows, seconds) measured with the nearest measured number of sequences, by rows."""
@@ -129,11 +138,11 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
             gains.append((run, b))
     gains.sort(key=lambda g: -g[0])
     expected = float(len(caps) if base_tokens is None else base_tokens)  # one token per decoding sequence
-    seqs = int(base_tokens if base_tokens is not None else len(caps))
-    best_m, best_rate, total = 0, expected / cost(rows, seqs), expected
+    price = cost.at(int(base_tokens if base_tokens is not None else len(caps)))
+    best_m, best_rate, total = 0, expected / price(rows), expected
     for m, (gain, _) in enumerate(gains, start=1):
         total += gain
-        rate = total / cost(rows + m, seqs)
+        rate = total / price(rows + m)
         if rate > best_rate * (1 + 1e-9):
             best_m, best_rate = m, rate
     if explore and best_m < len(gains):

@@ -7,6 +7,9 @@ from functools import lru_cache
 from typing import Iterable
 
 
+ENCODE_CACHE = 8192  # texts whose ids TokenText.encode remembers
+
+
 class TokenText:
     """Exact bytes of every token (byte-level BPE tokens are not valid UTF-8 on their own)."""
 
@@ -23,6 +26,9 @@ class TokenText:
         control = control_token_ids(hf_tokenizer.backend_tokenizer, hf_tokenizer.all_special_tokens)
         self.special = frozenset(grammar_special | {i for i in control if i < vocab_size})
         self._plain = plain_text_tokenizer(hf_tokenizer.backend_tokenizer)
+        # Proposers encode the same short texts step after step (a schema's keys and
+        # punctuation, a document's recurring phrases): remembered, not tokenized again.
+        self._encoded = lru_cache(maxsize=ENCODE_CACHE)(self._encode)
 
     def bytes_of(self, ids) -> bytes:
         return b"".join(self._bytes[i] for i in ids)
@@ -32,8 +38,12 @@ class TokenText:
 
     def encode(self, text: str) -> list[int]:
         """Canonical tokenization of `text` as plain text: no special token is added, and the
-        text of one ("<|im_end|>") is encoded as the characters it is made of."""
-        return self._plain.encode(text, add_special_tokens=False).ids
+        text of one ("<|im_end|>") is encoded as the characters it is made of. A new list each
+        call (the ids of recent texts are remembered)."""
+        return list(self._encoded(text))
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        return tuple(self._plain.encode(text, add_special_tokens=False).ids)
 
 
 def plain_text_tokenizer(tokenizer):
