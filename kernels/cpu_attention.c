@@ -226,6 +226,38 @@ static inline void prefetch_bf16_run(const char *keys, const char *skeys, const 
 }
 #endif
 
+#if DPBF16
+#define QG 4 /* queries per pass of pv_bf16: 4 x DV / 16 accumulators stay in registers */
+/* acc[m][0:DV] = sum over keys n < span of p[m][n] * value[lo + n], for m < nq (<= QG) queries of
+ * probabilities p (rows `ps` apart), values bf16 read where rows_at says. Each value row is read
+ * once per pass and widened to fp32 in registers (no converted copy in memory: at a decode row's
+ * 3 queries the copy cost more than the products); one chain per accumulator lane, keys in order,
+ * so a query's sums do not depend on the other queries of the pass. */
+static inline void pv_bf16(const char *values, const char *svalues, int64_t shared, int64_t lo, int64_t span,
+                           const float *p, int64_t ps, int64_t nq, float *acc) {
+    __m512 a[QG][DV / 16];
+    for (int m = 0; m < QG; m++)
+        for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < span; b += 16) {
+        int64_t nb = span - b < 16 ? span - b : 16;
+        const uint16_t *vb = (const uint16_t *)rows_at(values, svalues, shared, lo + b, nb, 2 * DV);
+        for (int64_t n = 0; n < nb; n++) {
+            __m512 x[DV / 16];
+            for (int c = 0; c < DV / 16; c++)
+                x[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vb + n * DV + c * 16))), 16));
+            for (int m = 0; m < QG; m++) {
+                if (m >= nq) break;
+                __m512 pm = _mm512_set1_ps(p[m * ps + b + n]);
+                for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_fmadd_ps(pm, x[c], a[m][c]);
+            }
+        }
+    }
+    for (int64_t m = 0; m < nq; m++)
+        for (int c = 0; c < DV / 16; c++) _mm512_storeu_ps(acc + m * DV + c * 16, a[m][c]);
+}
+#endif
+
 /* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
  * called with a literal kv_bf16, so that each case's loops are specialised. */
 static inline __attribute__((always_inline)) void attend_item(
@@ -400,6 +432,13 @@ static inline __attribute__((always_inline)) void attend_item(
         }
         inv[qi] = 1.0f / l;
     }
+#if DPBF16
+    if (kv_bf16) { /* P.V straight from bf16 values, QG queries at a time (see pv_bf16) */
+        for (int64_t q0 = 0; q0 < nq; q0 += QG)
+            pv_bf16(values, svalues, shared, lo, span, scores + q0 * padded, padded, nq - q0 < QG ? nq - q0 : QG,
+                    acc + q0 * DV);
+    } else
+#endif
     for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
         int64_t nb = span - b < NB ? span - b : NB;
         const char *vb = rows_at(values, svalues, shared, lo + b, nb, DV * es);
