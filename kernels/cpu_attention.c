@@ -1,4 +1,5 @@
-/* Ragged decode/verification attention over per-sequence KV buffers, for the CPU.
+/* Ragged attention over per-sequence KV buffers, for the CPU: decode, verification and prefill
+ * rows of many sequences in one call per layer.
  *
  * The same step description as kernels/attention.py (the Triton kernels): a table of int64
  * [2 * layers + 4, S]: every layer's key buffer addresses, then every layer's value buffer
@@ -7,9 +8,11 @@
  * reads; the arithmetic is fp32 either way). One call appends every listed
  * sequence's new keys/values for one layer and attends its new rows over its buffer, in fp32.
  *
- * Work item: one (sequence, kv head). Its G = H / KVH query heads times its rows share every
- * key and value read: K and V are read once per item, whatever the rows (the blocking that a
- * loop over (query, key) pairs lacks). Items run in parallel under OpenMP (the runtime torch
+ * Work item: one (sequence, kv head, block of up to ROW_BLOCK rows). Its G = H / KVH query heads
+ * times its rows share every key and value read: K and V are read once per item, whatever the
+ * rows (the blocking that a loop over (query, key) pairs lacks); a long prefill chunk's blocks
+ * are separate items so that it keeps every thread busy. Every new key and value is appended
+ * before any item runs. Items run in parallel under OpenMP (the runtime torch
  * already loaded: the same soname, so one thread pool).
  *
  * Shared prefixes: documents of one schema begin with the same instruction + schema tokens, whose
@@ -258,11 +261,38 @@ static inline void pv_bf16(const char *values, const char *svalues, int64_t shar
 }
 #endif
 
-/* One (sequence, kv head) work item; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
+/* Append sequence j's new keys and values for kv head g to its buffers. */
+static void append_item(int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers,
+                        int64_t layer, const void *k, int64_t k_st, int64_t k_sh, const void *v, int64_t v_st,
+                        int64_t v_sh, int in_bf16) {
+    char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
+    char *values = (char *)(intptr_t)table[(layers + layer) * num_seqs + j];
+    const int64_t *meta = table + 2 * layers * num_seqs;
+    int64_t start = meta[j], rows = meta[num_seqs + j], past = meta[2 * num_seqs + j];
+    int64_t cap = meta[3 * num_seqs + j];
+    const int64_t es = kv_bf16 ? 2 : 4;
+    keys += (int64_t)g * cap * D * es;
+    values += (int64_t)g * cap * DV * es;
+    for (int64_t i = 0; i < rows; i++) {
+        if (kv_bf16) {
+            memcpy(keys + (past + i) * D * 2, (const uint16_t *)k + (start + i) * k_st + g * k_sh, 2 * D);
+            memcpy(values + (past + i) * DV * 2, (const uint16_t *)v + (start + i) * v_st + g * v_sh, 2 * DV);
+        } else {
+            load_row(k, in_bf16, (start + i) * k_st + g * k_sh, (float *)keys + (past + i) * D, D);
+            load_row(v, in_bf16, (start + i) * v_st + g * v_sh, (float *)values + (past + i) * DV, DV);
+        }
+    }
+}
+
+/* Rows per work item: a longer segment (a prefill chunk) is split into blocks of this many rows,
+ * each its own item, so that one long chunk keeps every thread busy. */
+#define ROW_BLOCK 64
+
+/* One work item: rows [r0, r1) of sequence j for kv head g; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
  * called with a literal kv_bf16, so that each case's loops are specialised. */
 static inline __attribute__((always_inline)) void attend_item(
-        const int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers, int64_t layer,
-        const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
+        const int kv_bf16, int64_t j, int g, int64_t r0, int64_t r1, int64_t num_seqs, const int64_t *table,
+        int64_t layers, int64_t layer, const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
         int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st, int64_t o_sh, int group, float scale,
         int64_t window, int with_shared, int amx) {
     char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
@@ -285,16 +315,14 @@ static inline __attribute__((always_inline)) void attend_item(
             svalues = (const char *)(intptr_t)sh[(layers + layer) * num_seqs + j] + (int64_t)g * scap * DV * es;
         }
     }
+    if (r1 > rows) r1 = rows;
+    if (r0 >= r1) return;
+    /* rows [r0, r1) of the sequence (their keys and values already appended): attended as a
+     * sequence of r1 - r0 rows whose past holds r0 more tokens */
+    start += r0;
+    past += r0;
+    rows = r1 - r0;
     int64_t end = past + rows;
-    for (int64_t i = 0; i < rows; i++) { /* append this item's new keys and values */
-        if (kv_bf16) {
-            memcpy(keys + (past + i) * D * 2, (const uint16_t *)k + (start + i) * k_st + g * k_sh, 2 * D);
-            memcpy(values + (past + i) * DV * 2, (const uint16_t *)v + (start + i) * v_st + g * v_sh, 2 * DV);
-        } else {
-            load_row(k, in_bf16, (start + i) * k_st + g * k_sh, (float *)keys + (past + i) * D, D);
-            load_row(v, in_bf16, (start + i) * v_st + g * v_sh, (float *)values + (past + i) * DV, DV);
-        }
-    }
     int64_t nq = (int64_t)group * rows; /* query index qi = head_in_group * rows + row */
     int64_t lo = 0;                     /* the first key any row of the item sees */
     if (window > 0 && past - window + 1 > 0) lo = past - window + 1;
@@ -496,26 +524,44 @@ void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k,
 #else
     int amx = 0;
 #endif
-#pragma omp parallel num_threads(threads) if (threads > 1 && items > 1)
+    /* work items: (row block, kv head) of every sequence; blocks[b] = (sequence, first row) */
+    int64_t nblocks = 0;
+    const int64_t *meta = table + 2 * layers * num_seqs;
+    for (int64_t j = 0; j < num_seqs; j++) nblocks += (meta[num_seqs + j] + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t *blocks = malloc(sizeof(int64_t) * 2 * (nblocks > 0 ? nblocks : 1));
+    int64_t b = 0;
+    for (int64_t j = 0; j < num_seqs; j++)
+        for (int64_t r = 0; r < meta[num_seqs + j]; r += ROW_BLOCK) {
+            blocks[2 * b] = j;
+            blocks[2 * b + 1] = r;
+            b++;
+        }
+    int64_t work = nblocks * kv_heads;
+#pragma omp parallel num_threads(threads) if (threads > 1 && work > 1)
     {
+#pragma omp for schedule(static)
+        for (int64_t it = 0; it < items; it++) /* every new key and value in place before any is read */
+            append_item(kv_bf16, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, k, k_st, k_sh, v,
+                        v_st, v_sh, in_bf16);
 #if AMX
         if (amx) amx_configure();
 #endif
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t it = 0; it < items; it++) {
+        for (int64_t w = 0; w < work; w++) {
+            int64_t j = blocks[2 * (w / kv_heads)], r0 = blocks[2 * (w / kv_heads) + 1];
+            int g = (int)(w % kv_heads);
             if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
-                attend_item(1, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                            k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared,
-                            amx);
+                attend_item(1, j, g, r0, r0 + ROW_BLOCK, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh,
+                            v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared, amx);
             else
-                attend_item(0, it / kv_heads, (int)(it % kv_heads), num_seqs, table, layers, layer, q, q_st, q_sh, k,
-                            k_st, k_sh, v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared,
-                            amx);
+                attend_item(0, j, g, r0, r0 + ROW_BLOCK, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh,
+                            v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared, amx);
         }
 #if AMX
         if (amx) _tile_release();
 #endif
     }
+    free(blocks);
 }
 
 int structspec_attend_dims(void) { return D * 10000 + DV; }

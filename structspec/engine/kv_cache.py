@@ -250,7 +250,7 @@ class Step:
         self.native = native  # kernels.cpu_attention.NativeAttention, with attention "native"
         self.max_rows = max((seg.rows for seg in segments), default=0)
         self._tables: torch.Tensor | None = None  # [2 * layers + 4, S] int64
-        self._native_split: tuple[torch.Tensor, list[Segment]] | None = None
+        self._native: torch.Tensor | None = None  # native_table of every segment
 
     def tables(self, layer: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(key addresses [S], value addresses [S], [start, rows, past, capacity] [4, S]) of a layer."""
@@ -259,15 +259,11 @@ class Step:
         layers = (self._tables.shape[0] - 4) // 2
         return self._tables[layer], self._tables[layers + layer], self._tables[2 * layers:]
 
-    def native_split(self) -> tuple[torch.Tensor, list[Segment]]:
-        """(the table of the segments the native attention takes (attends_natively), in tables()'s
-        layout, on the CPU; the other segments, long or first prefill chunks). Built once per step."""
-        if self._native_split is None:
-            short = [seg for seg in self.segments if attends_natively(seg)]
-            rest = [seg for seg in self.segments if not attends_natively(seg)]
-            table = native_table(short) if short else torch.empty(0, 0, dtype=torch.int64)
-            self._native_split = (table, rest)
-        return self._native_split
+    def native_table(self) -> torch.Tensor:
+        """native_table(self.segments), built once per step, for the native attention."""
+        if self._native is None:
+            self._native = native_table(self.segments)
+        return self._native
 
 
 def segment_table(segments: list[Segment]) -> torch.Tensor:
@@ -409,25 +405,12 @@ def attends_in_fp32(seg: Segment) -> bool:
     return seg.rows <= UPCAST_MAX_ROWS and (seg.rows == 1 or seg.past > 0)
 
 
-def attends_natively(seg: Segment) -> bool:
-    """The segments the native attention takes: decode and verification rows, and prefill chunks
-    of up to NATIVE_PREFILL_MAX_ROWS over a cached past (a document after its schema's cached
-    prefix). A first chunk, or a longer one, stays with SDPA: the C kernel's work items are
-    (sequence, kv head), so one long chunk would keep few threads busy."""
-    return attends_in_fp32(seg) or (seg.past > 0 and seg.rows <= NATIVE_PREFILL_MAX_ROWS)
-
-
-# Around where one chunk over a cached past runs as fast through SDPA as through the C kernel
-# (the default model; docs/benchmarks.md, "A Zen 4 host").
-NATIVE_PREFILL_MAX_ROWS = 256
-
-
 def native_ragged_attention(step: Step, layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             window: int | None, scaling: float | None) -> torch.Tensor:
-    """ragged_attention's "native" path (a CPU): every decode and verification segment, and short
-    prefill chunks over a cached past (attends_natively), appended and attended in one call of
-    kernels/cpu_attention.c (fp32 arithmetic over fp32 or bf16 slots), other prefill chunks by
-    SDPA as upcast_ragged_attention does. Returns [1, T, heads, Dv]."""
+    """ragged_attention's "native" path (a CPU): every segment of the step, decode, verification
+    and prefill chunks alike, appended and attended in one call of kernels/cpu_attention.c (fp32
+    arithmetic over fp32 or bf16 slots; a long chunk split into 64-row work items). Returns
+    [1, T, heads, Dv]."""
     q, k, v = query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1)  # [T, heads, dim]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return native_attention_rows(step, layer, q, k, v, window, scale, check=True).unsqueeze(0)
@@ -440,15 +423,9 @@ def native_attention_rows(step: Step, layer: int, q: torch.Tensor, k: torch.Tens
     dtype. check=False skips the kernel's argument checks (the lean forward's layers after its
     first: the same shapes, layer after layer)."""
     out = torch.empty(q.shape[0], q.shape[1], v.shape[-1], dtype=torch.float32, device=q.device)
-    table, prefill = step.native_split()
-    if table.numel():
-        keys = step.segments[0].slot.keys
-        step.native.attend(q, k, v, out, table, len(keys), layer, scale, window, keys[layer].dtype, check=check)
-    if prefill:
-        query, key, value = q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)
-        for seg in prefill:
-            out[seg.start:seg.start + seg.rows] = prefill_attention(seg, layer, query, key, value, window,
-                                                                    scale)[0].transpose(0, 1)
+    keys = step.segments[0].slot.keys
+    step.native.attend(q, k, v, out, step.native_table(), len(keys), layer, scale, window, keys[layer].dtype,
+                       check=check)
     return out.to(q.dtype)
 
 

@@ -14,7 +14,8 @@ from kernels.cpu_attention import load
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
 # (rows, past): decode rows, verification rows, a long context (several key blocks of 64)
-SEQUENCES = [(1, 7), (4, 30), (1, 0), (3, 200), (8, 63), (1, 130)]
+# (150, 20) and (70, 0): prefill chunks, which the kernel splits into items of 64 rows (ROW_BLOCK)
+SEQUENCES = [(1, 7), (4, 30), (1, 0), (3, 200), (8, 63), (1, 130), (150, 20), (70, 0)]
 
 
 def case(dtype, kv_dtype, heads, kv_heads, dim, dim_v, layers=3, seed=0):
@@ -73,7 +74,8 @@ def test_native_attention_honours_strides_scale_and_thread_counts():
         out = torch.empty(q.shape[0], 9, 64)
         lib.attend(strided, k, v, out, table, 3, 0, 0.3, threads=threads)
         outs.append(out)
-    want = attention_reference(q, k, v, [b.clone() for b in before[:6]], [b.clone() for b in before[6:]], starts, rows,
+    n = len(SEQUENCES)
+    want = attention_reference(q, k, v, [b.clone() for b in before[:n]], [b.clone() for b in before[n:]], starts, rows,
                                pasts, scale=0.3)
     assert (outs[0] - want).abs().max().item() <= 2e-5
     assert torch.equal(outs[0], outs[1])  # work items are independent: the thread count changes nothing

@@ -46,20 +46,17 @@ def test_slots_name_the_entry_they_share_until_it_is_evicted():
     assert torch.equal(native_table(segments), base)  # the slots read their own copies again
 
 
-def test_the_native_attention_takes_decode_rows_and_short_chunks_over_a_cached_past():
-    """Step.native_split: decode and verification segments and prefill chunks of up to
-    NATIVE_PREFILL_MAX_ROWS over a cached past go to the C kernel; first chunks and longer ones
-    stay with SDPA."""
-    from structspec.engine.kv_cache import NATIVE_PREFILL_MAX_ROWS, Step
+
+def test_the_native_attention_takes_every_segment_of_a_step_in_one_table():
+    """Step.native_table: decode, verification and prefill segments alike (the kernel splits a
+    long chunk into 64-row work items), built once per step."""
+    from structspec.engine.kv_cache import Step
 
     kv = KVCache(LAYOUT, 1 << 24, lambda capacity: Slot(LAYOUT, capacity, CPU), prefix_max_bytes=0)
-    slots = [kv.allocate(1024) for _ in range(5)]
-    long = NATIVE_PREFILL_MAX_ROWS + 1
-    segments = [Segment(slots[0], 0, 1, 40),                               # decode
-                Segment(slots[1], 1, 4, 40),                               # verification
-                Segment(slots[2], 5, NATIVE_PREFILL_MAX_ROWS, 139),        # a document after its prefix
-                Segment(slots[3], 5 + NATIVE_PREFILL_MAX_ROWS, 64, 0),     # a first chunk
-                Segment(slots[4], 69 + NATIVE_PREFILL_MAX_ROWS, long, 300)]  # a long later chunk
-    table, rest = Step(segments, "native").native_split()
-    assert table.shape[1] == 3 and table[2 * 2 + 1].tolist() == [1, 4, NATIVE_PREFILL_MAX_ROWS]
-    assert rest == segments[3:]
+    slots = [kv.allocate(1024) for _ in range(4)]
+    segments = [Segment(slots[0], 0, 1, 40), Segment(slots[1], 1, 4, 40),  # decode, verification
+                Segment(slots[2], 5, 300, 139), Segment(slots[3], 305, 512, 0)]  # a later and a first chunk
+    step = Step(segments, "native")
+    table = step.native_table()
+    assert torch.equal(table, native_table(segments)) and table[2 * 2 + 1].tolist() == [1, 4, 300, 512]
+    assert step.native_table() is table
