@@ -261,25 +261,35 @@ static inline void pv_bf16(const char *values, const char *svalues, int64_t shar
 }
 #endif
 
+/* Where sequence j's KV for kv head g lies, and its row counts, from the table */
+struct item_kv {
+    char *keys, *values;               /* this head's [capacity, dim] buffers */
+    int64_t start, rows, past, cap;
+};
+static inline struct item_kv item_kv(const int64_t *table, int64_t num_seqs, int64_t layers, int64_t layer, int64_t j,
+                                     int g, int64_t es) {
+    const int64_t *meta = table + 2 * layers * num_seqs;
+    struct item_kv it = {(char *)(intptr_t)table[layer * num_seqs + j],
+                         (char *)(intptr_t)table[(layers + layer) * num_seqs + j],
+                         meta[j], meta[num_seqs + j], meta[2 * num_seqs + j], meta[3 * num_seqs + j]};
+    it.keys += (int64_t)g * it.cap * D * es;
+    it.values += (int64_t)g * it.cap * DV * es;
+    return it;
+}
+
 /* Append sequence j's new keys and values for kv head g to its buffers. */
 static void append_item(int kv_bf16, int64_t j, int g, int64_t num_seqs, const int64_t *table, int64_t layers,
                         int64_t layer, const void *k, int64_t k_st, int64_t k_sh, const void *v, int64_t v_st,
                         int64_t v_sh, int in_bf16) {
-    char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
-    char *values = (char *)(intptr_t)table[(layers + layer) * num_seqs + j];
-    const int64_t *meta = table + 2 * layers * num_seqs;
-    int64_t start = meta[j], rows = meta[num_seqs + j], past = meta[2 * num_seqs + j];
-    int64_t cap = meta[3 * num_seqs + j];
-    const int64_t es = kv_bf16 ? 2 : 4;
-    keys += (int64_t)g * cap * D * es;
-    values += (int64_t)g * cap * DV * es;
-    for (int64_t i = 0; i < rows; i++) {
+    struct item_kv it = item_kv(table, num_seqs, layers, layer, j, g, kv_bf16 ? 2 : 4);
+    for (int64_t i = 0; i < it.rows; i++) {
+        int64_t at = it.past + i, src = it.start + i;
         if (kv_bf16) {
-            memcpy(keys + (past + i) * D * 2, (const uint16_t *)k + (start + i) * k_st + g * k_sh, 2 * D);
-            memcpy(values + (past + i) * DV * 2, (const uint16_t *)v + (start + i) * v_st + g * v_sh, 2 * DV);
+            memcpy(it.keys + at * D * 2, (const uint16_t *)k + src * k_st + g * k_sh, 2 * D);
+            memcpy(it.values + at * DV * 2, (const uint16_t *)v + src * v_st + g * v_sh, 2 * DV);
         } else {
-            load_row(k, in_bf16, (start + i) * k_st + g * k_sh, (float *)keys + (past + i) * D, D);
-            load_row(v, in_bf16, (start + i) * v_st + g * v_sh, (float *)values + (past + i) * DV, DV);
+            load_row(k, in_bf16, src * k_st + g * k_sh, (float *)it.keys + at * D, D);
+            load_row(v, in_bf16, src * v_st + g * v_sh, (float *)it.values + at * DV, DV);
         }
     }
 }
@@ -288,22 +298,18 @@ static void append_item(int kv_bf16, int64_t j, int g, int64_t num_seqs, const i
  * each its own item, so that one long chunk keeps every thread busy. */
 #define ROW_BLOCK 64
 
-/* One work item: rows [r0, r1) of sequence j for kv head g; KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and
- * called with a literal kv_bf16, so that each case's loops are specialised. */
+/* One work item: rows [r0, r1) of sequence j for kv head g (their keys and values already
+ * appended); KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and called with a literal
+ * kv_bf16, so that each case's loops are specialised. */
 static inline __attribute__((always_inline)) void attend_item(
         const int kv_bf16, int64_t j, int g, int64_t r0, int64_t r1, int64_t num_seqs, const int64_t *table,
-        int64_t layers, int64_t layer, const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh, const void *v,
-        int64_t v_st, int64_t v_sh, int in_bf16, float *out, int64_t o_st, int64_t o_sh, int group, float scale,
-        int64_t window, int with_shared, int amx) {
-    char *keys = (char *)(intptr_t)table[layer * num_seqs + j];
-    char *values = (char *)(intptr_t)table[(layers + layer) * num_seqs + j];
-    const int64_t *meta = table + 2 * layers * num_seqs;
-    int64_t start = meta[j], rows = meta[num_seqs + j], past = meta[2 * num_seqs + j];
-    int64_t cap = meta[3 * num_seqs + j];
-    if (rows <= 0) return;
+        int64_t layers, int64_t layer, const void *q, int64_t q_st, int64_t q_sh, int in_bf16, float *out,
+        int64_t o_st, int64_t o_sh, int group, float scale, int64_t window, int with_shared, int amx) {
     const int64_t es = kv_bf16 ? 2 : 4; /* bytes per stored element */
-    keys += (int64_t)g * cap * D * es;
-    values += (int64_t)g * cap * DV * es;
+    struct item_kv it = item_kv(table, num_seqs, layers, layer, j, g, es);
+    char *keys = it.keys, *values = it.values;
+    int64_t start = it.start, rows = it.rows, past = it.past;
+    if (rows <= 0) return;
     const char *skeys = NULL, *svalues = NULL; /* the shared prefix entry's rows of this head, if any */
     int64_t shared = 0;
     if (with_shared) {
@@ -317,8 +323,7 @@ static inline __attribute__((always_inline)) void attend_item(
     }
     if (r1 > rows) r1 = rows;
     if (r0 >= r1) return;
-    /* rows [r0, r1) of the sequence (their keys and values already appended): attended as a
-     * sequence of r1 - r0 rows whose past holds r0 more tokens */
+    /* rows [r0, r1): attended as a sequence of r1 - r0 rows whose past holds r0 more tokens */
     start += r0;
     past += r0;
     rows = r1 - r0;
@@ -551,11 +556,11 @@ void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k,
             int64_t j = blocks[2 * (w / kv_heads)], r0 = blocks[2 * (w / kv_heads) + 1];
             int g = (int)(w % kv_heads);
             if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
-                attend_item(1, j, g, r0, r0 + ROW_BLOCK, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh,
-                            v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared, amx);
+                attend_item(1, j, g, r0, r0 + ROW_BLOCK, num_seqs, table, layers, layer, q, q_st, q_sh, in_bf16, out,
+                            o_st, o_sh, group, scale, window, with_shared, amx);
             else
-                attend_item(0, j, g, r0, r0 + ROW_BLOCK, num_seqs, table, layers, layer, q, q_st, q_sh, k, k_st, k_sh,
-                            v, v_st, v_sh, in_bf16, out, o_st, o_sh, group, scale, window, with_shared, amx);
+                attend_item(0, j, g, r0, r0 + ROW_BLOCK, num_seqs, table, layers, layer, q, q_st, q_sh, in_bf16, out,
+                            o_st, o_sh, group, scale, window, with_shared, amx);
         }
 #if AMX
         if (amx) _tile_release();

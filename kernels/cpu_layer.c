@@ -46,8 +46,8 @@ static inline vu bf16_bits(vf f) {
 }
 
 /* Partial vectors (a row's last m < W elements) go through a zeroed copy on the stack, in functions
- * of their own: a variable-size copy makes its buffer live in memory, and sharing one buffer with
- * the whole-vector path sent every full load and store through the stack too (~3x slower). */
+ * of their own: a variable-size copy makes its buffer live in memory, and when it shared one
+ * buffer with the whole-vector path, every full load and store went through the stack too. */
 static __attribute__((noinline)) vf load_part(const void *p, int64_t i, int64_t m, int bf16) {
     if (bf16) {
         vh h = {0};
