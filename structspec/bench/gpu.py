@@ -260,10 +260,13 @@ def plan_markdown(s: dict[str, Any]) -> str:
 
 # --- rehearse (runs here, in the rehearsal venv) --------------------------------------------------
 
-# Estimated seconds of each stage on an H100 (docs/gpu.md, "Time"): the first call's stages
-# must fit its 520 s deadline, the last call's too. Estimates, not readings: no GPU has run them.
-STAGE_ESTIMATE_S = {"kernel-bench": 60, "pass-cost": 45, "throughput": 100, "exactness": 180, "kernels": 100,
-                    "real-model": 150, "hf-peer": 60}
+# Seconds of each stage on an H200 (docs/gpu.md, "Time"): the larger of the two runs there, on
+# 2026-11-26, rounded up. Each call's stages must fit its 520 s deadline, and both calls with a
+# machine start must fit the 15 device minutes a lent task has.
+STAGE_ESTIMATE_S = {"kernel-bench": 15, "pass-cost": 15, "throughput": 215, "exactness": 110, "kernels": 40,
+                    "real-model": 140, "hf-peer": 100}
+DEVICE_BUDGET_S = 900
+MACHINE_START_S = 60  # a start, the transfers and the wheels' install, per call at most
 DEADLINE_S = 520
 
 

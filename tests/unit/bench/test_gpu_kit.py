@@ -121,12 +121,16 @@ def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path):
 
 
 def test_each_calls_stage_estimates_fit_inside_its_deadline_and_the_device_limit():
-    """The plan's arithmetic (docs/gpu.md, "Time"): the estimated H100 seconds of each call's
-    stages sum to under the 520 s deadline, itself under the device tool's 600 s per command
-    less a minute for staging the files."""
+    """The plan's arithmetic (docs/gpu.md, "Time"): the H200 seconds of each call's stages sum
+    to under the 520 s deadline, itself under the device tool's 600 s per command less a minute
+    for staging the files; and both calls, each with a machine start, fit a task's 15 device
+    minutes."""
     assert set(gpu.STAGE_ESTIMATE_S) == set(gpu.STAGES)
-    for stages in (gpu.FIRST_CALL_STAGES, gpu.LAST_CALL_STAGES):
+    calls = (gpu.FIRST_CALL_STAGES, gpu.LAST_CALL_STAGES)
+    for stages in calls:
         assert sum(gpu.STAGE_ESTIMATE_S[s] for s in stages) <= gpu.DEADLINE_S <= 540, stages
+    total = sum(gpu.MACHINE_START_S + sum(gpu.STAGE_ESTIMATE_S[s] for s in stages) for stages in calls)
+    assert total <= gpu.DEVICE_BUDGET_S, total
 
 
 def test_a_stage_past_the_deadline_stops_its_loop_and_says_what_it_left(monkeypatch):
