@@ -193,18 +193,82 @@ static inline void dot_block(const vf *q, const float *kf, float *scores) {
 }
 
 #if DPBF16
-/* scores[0:16] = q . k[0:16] for 16 bf16 keys of D (rows `stride` elements apart) and a bf16
- * query held as D/32 registers of bf16 pairs */
-static inline void dot_block_bf16(const __m512bh *q, const uint16_t *k, int64_t stride, float *scores) {
-    vf a[16];
-    for (int kk = 0; kk < 16; kk++) {
-        __m512 acc = _mm512_setzero_ps();
-        for (int c = 0; c < D / 32; c++)
-            acc = _mm512_dpbf16_ps(acc, q[c], (__m512bh)_mm512_loadu_si512(k + kk * stride + c * 32));
-        memcpy(&a[kk], &acc, sizeof acc);
+/* q.K from bf16 queries and keys. Every score follows one chain, whatever shares the call:
+ * acc = 0, then for each pair of dims p in order, acc = vdpbf16ps(acc, q pair p, k pair p) (two
+ * exact bf16 products added to fp32). The lanes hold either 16 queries (qk_queries: an item of
+ * many rows) or 16 keys (qk_keys: a few rows); the instruction treats its two sources alike,
+ * so both give a score the same bits, and a row's result does not depend on the other rows of
+ * its item or step. */
+
+/* rows of 16 32-bit lanes: r[i][j] -> r[j][i] */
+static inline void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
     }
-    vf r = sum_lanes(a);
-    memcpy(scores, &r, sizeof r);
+    for (int i = 0; i < 16; i += 4) {
+        r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+        r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+        r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int i = 0; i < 4; i++) {
+        t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+        t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+        t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+        t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+        r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+        r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+    }
+}
+
+/* out[p][0:16] = the 16 rows' bf16 pair p (rows past n: zeros) */
+static inline void pairs_transposed(const uint16_t *const *row, int n, uint32_t out[D / 2][16]) {
+    for (int h = 0; h < D / 32; h++) {
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) r[i] = i < n ? _mm512_loadu_si512(row[i] + h * 32) : _mm512_setzero_si512();
+        transpose16(r);
+        for (int pp = 0; pp < 16; pp++) _mm512_store_si512(out[h * 16 + pp], r[pp]);
+    }
+}
+
+/* s[m * ps + 0:16] = query m . keys k[0:16] (rows D apart), for m < nq <= 16 queries given as
+ * their pairs in lanes (qt, from pairs_transposed) */
+static inline void qk_queries(const uint32_t qt[D / 2][16], const uint16_t *k, int nq, float *s, int64_t ps) {
+    __m512 acc[16];
+    for (int kk = 0; kk < 16; kk++) acc[kk] = _mm512_setzero_ps();
+    const uint32_t *kp = (const uint32_t *)k;
+    for (int p = 0; p < D / 2; p++) {
+        __m512bh qp = (__m512bh)_mm512_load_si512(qt[p]);
+        for (int kk = 0; kk < 16; kk++)
+            acc[kk] = _mm512_dpbf16_ps(acc[kk], qp, (__m512bh)_mm512_set1_epi32((int)kp[kk * (D / 2) + p]));
+    }
+    __m512i r[16];
+    for (int kk = 0; kk < 16; kk++) r[kk] = _mm512_castps_si512(acc[kk]);
+    transpose16(r); /* r[m]: query m's 16 scores */
+    for (int m = 0; m < nq; m++) _mm512_storeu_si512(s + m * ps, r[m]);
+}
+
+/* the same for nq <= 8 queries given by their rows: the 16 keys' pairs in lanes instead */
+static inline void qk_keys(const uint16_t *const *qrow, int nq, const uint16_t *k, float *s, int64_t ps) {
+    uint32_t kt[D / 2][16] __attribute__((aligned(64)));
+    const uint16_t *krow[16];
+    for (int kk = 0; kk < 16; kk++) krow[kk] = k + kk * D;
+    pairs_transposed(krow, 16, kt);
+    __m512 acc[8];
+    for (int m = 0; m < 8; m++) acc[m] = _mm512_setzero_ps();
+    for (int p = 0; p < D / 2; p++) {
+        __m512bh kv = (__m512bh)_mm512_load_si512(kt[p]);
+        for (int m = 0; m < 8; m++)
+            if (m < nq)
+                acc[m] = _mm512_dpbf16_ps(acc[m], kv, (__m512bh)_mm512_set1_epi32(((const int *)qrow[m])[p]));
+    }
+    for (int m = 0; m < nq; m++) _mm512_storeu_ps(s + m * ps, acc[m]);
 }
 #endif
 
@@ -408,27 +472,37 @@ static inline __attribute__((always_inline)) void attend_item(
     } else
 #endif
 #if DPBF16
-    if (direct) { /* no conversion pass */
+    if (direct) { /* no conversion pass: up to 16 queries at a time (see qk_queries, qk_keys) */
         uint16_t tail[16 * D] __attribute__((aligned(64)));
-        for (int64_t qi = 0; qi < nq; qi++) {
-            __m512bh qv[D / 32];
-            const uint16_t *qrow = (const uint16_t *)q + (start + qi % rows) * q_st +
-                                   ((int64_t)g * group + qi / rows) * q_sh;
-            for (int c = 0; c < D / 32; c++) qv[c] = (__m512bh)_mm512_loadu_si512(qrow + c * 32);
-            float *s = scores + qi * padded;
-            int64_t b = 0;
-            for (; b + 16 <= span; b += 16) {
-                if (qi == 0) /* the first query streams the keys */
-                    prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
-                dot_block_bf16(qv, (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D), D, s + b);
+        uint32_t qt[D / 2][16] __attribute__((aligned(64)));
+        const uint16_t *qrow[16];
+        int64_t done = (span + 15) / 16 * 16;
+        for (int64_t q0 = 0; q0 < nq; q0 += 16) {
+            int nqt = nq - q0 < 16 ? (int)(nq - q0) : 16;
+            for (int m = 0; m < nqt; m++) {
+                int64_t qi = q0 + m;
+                qrow[m] = (const uint16_t *)q + (start + qi % rows) * q_st + ((int64_t)g * group + qi / rows) * q_sh;
             }
-            if (b < span) { /* the last keys, padded with zeros */
-                memset(tail, 0, sizeof tail);
-                memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
-                dot_block_bf16(qv, tail, D, s + b);
-                b += 16;
+            if (nqt > 8) pairs_transposed(qrow, nqt, qt);
+            float *s = scores + q0 * padded;
+            for (int64_t b = 0; b < span; b += 16) {
+                const uint16_t *kb;
+                if (b + 16 <= span) {
+                    kb = (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D);
+                    if (q0 == 0) /* the first pass streams the keys */
+                        prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
+                } else { /* the last keys, padded with zeros */
+                    memset(tail, 0, sizeof tail);
+                    memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
+                    kb = tail;
+                }
+                if (nqt > 8)
+                    qk_queries(qt, kb, nqt, s + b, padded);
+                else
+                    qk_keys(qrow, nqt, kb, s + b, padded);
             }
-            memset(s + b, 0, sizeof(float) * (padded - b)); /* the block's rest: zeros, as below */
+            for (int m = 0; m < nqt; m++) /* the block's rest: zeros, as below */
+                memset(s + m * padded + done, 0, sizeof(float) * (padded - done));
         }
     } else
 #endif

@@ -82,6 +82,38 @@ def test_native_attention_honours_strides_scale_and_thread_counts():
 
 
 @pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("heads, kv_heads", [(9, 3), (14, 2)])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype, kv_dtype, heads, kv_heads):
+    """A 70-row chunk (items of 64 and 6 rows), then each of its rows again in pieces of 1, 2 and
+    5 rows over the same keys: every row's output is the same bits however it was grouped. On a
+    CPU with AVX512-BF16 the bf16 q.K puts queries in the lanes for big items and keys for small
+    ones (cpu_attention.c: qk_queries, qk_keys); both must give a score the same bits, or a
+    sequence's prefill and decoding would depend on its batch."""
+    gen = torch.Generator().manual_seed(3)
+    past, total, dim = 37, 70, 64
+    cap = past + total + 4
+    key_buf = torch.randn(kv_heads, cap, dim, generator=gen).to(kv_dtype)
+    value_buf = torch.randn(kv_heads, cap, dim, generator=gen).to(kv_dtype)
+    q = torch.randn(total, heads, dim, generator=gen).to(dtype)
+    k = torch.randn(total, kv_heads, dim, generator=gen).to(dtype)
+    v = torch.randn(total, kv_heads, dim, generator=gen).to(dtype)
+    lib = load(dim, dim)
+
+    def attend(first: int, rows: int) -> torch.Tensor:
+        table = torch.tensor([[key_buf.data_ptr()], [value_buf.data_ptr()], [0], [rows], [past + first], [cap]],
+                             dtype=torch.int64)
+        out = torch.empty(rows, heads, dim)
+        lib.attend(q[first:first + rows], k[first:first + rows], v[first:first + rows], out, table, 1, 0, 0.125,
+                   kv_dtype=kv_dtype)
+        return out
+
+    whole = attend(0, total)
+    for piece in (1, 2, 5):
+        parts = torch.cat([attend(first, min(piece, total - first)) for first in range(0, total, piece)])
+        assert torch.equal(parts, whole), piece
+
+
+@pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
 @pytest.mark.parametrize("window", [None, 100])
 def test_a_shared_prefix_is_read_from_its_entry_with_the_same_results(dtype, kv_dtype, window):
     """With the shared-prefix rows, blocks inside a sequence's prefix are read from the entry: an
