@@ -291,6 +291,21 @@ static inline void prefetch_bf16_run(const char *keys, const char *skeys, const 
         __builtin_prefetch(vals + l * DV / D, 0, 2);
     }
 }
+
+/* Keys [b, b + 16) of an item's span (which starts at key `lo`) as 16 rows of D: where rows_at
+ * reads them, or, for the last run of fewer, copied into `tail` (16 * D) and padded with zeros.
+ * The first pass over the keys (`stream`) prefetches ahead (prefetch_bf16_run). */
+static inline const uint16_t *key_run(const char *keys, const char *skeys, const char *values, const char *svalues,
+                                      int64_t shared, int64_t lo, int64_t b, int64_t span, int stream,
+                                      uint16_t *tail) {
+    if (b + 16 <= span) {
+        if (stream) prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
+        return (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D);
+    }
+    memset(tail, 0, sizeof(uint16_t) * 16 * D);
+    memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
+    return tail;
+}
 #endif
 
 #if DPBF16
@@ -433,16 +448,7 @@ static inline __attribute__((always_inline)) void attend_item(
             _tile_loadd(6, qt[3], 64);
 #endif
             for (int64_t b = 0; b < span; b += 16) {
-                const uint16_t *kb;
-                if (b + 16 <= span) {
-                    kb = (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D);
-                    if (q0 == 0) /* the first pass streams the keys */
-                        prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
-                } else { /* the last keys, padded with zeros */
-                    memset(tail, 0, sizeof tail);
-                    memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
-                    kb = tail;
-                }
+                const uint16_t *kb = key_run(keys, skeys, values, svalues, shared, lo, b, span, q0 == 0, tail);
                 _tile_zero(0);
                 _tile_loadd(1, kb, 2 * D);
                 _tile_dpbf16ps(0, 1, 3);
@@ -486,16 +492,7 @@ static inline __attribute__((always_inline)) void attend_item(
             if (nqt > 8) pairs_transposed(qrow, nqt, qt);
             float *s = scores + q0 * padded;
             for (int64_t b = 0; b < span; b += 16) {
-                const uint16_t *kb;
-                if (b + 16 <= span) {
-                    kb = (const uint16_t *)rows_at(keys, skeys, shared, lo + b, 16, 2 * D);
-                    if (q0 == 0) /* the first pass streams the keys */
-                        prefetch_bf16_run(keys, skeys, values, svalues, shared, lo + b);
-                } else { /* the last keys, padded with zeros */
-                    memset(tail, 0, sizeof tail);
-                    memcpy(tail, rows_at(keys, skeys, shared, lo + b, span - b, 2 * D), 2 * D * (span - b));
-                    kb = tail;
-                }
+                const uint16_t *kb = key_run(keys, skeys, values, svalues, shared, lo, b, span, q0 == 0, tail);
                 if (nqt > 8)
                     qk_queries(qt, kb, nqt, s + b, padded);
                 else
