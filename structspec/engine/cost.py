@@ -116,14 +116,19 @@ EXPLORE_EVERY = 8  # decode steps between two exploring plans (one rows bucket p
 
 
 def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] | None], base_rows: int,
-                      cost: PassCostCurve, base_tokens: float | None = None, explore: bool = False) -> list[int]:
+                      cost: PassCostCurve, base_tokens: float | None = None, explore: bool = False,
+                      prefill_rows: int = 0) -> list[int]:
     """k per sequence. caps[b]: the most it may verify this step (the engine passes the length
     of the draft its proposer actually made); acceptance[b]: its curve, or None for a fixed-k
     sequence (gets caps[b]). base_rows: rows the pass has anyway (one per decoding sequence,
     the drafts of fixed sequences, prefill rows); base_tokens: tokens it emits anyway (one per
     decoding sequence; default len(caps)). explore: verify the best plan's draft tokens plus
     the next ones by gain up to the next rows bucket, so that bucket's cost gets measured
-    (draft lengths never change what is emitted, only how fast)."""
+    (draft lengths never change what is emitted, only how fast). prefill_rows: the prefill
+    chunks' rows among base_rows, counted as work done like emitted tokens (each is a row some
+    document needs): a plan maximises (prefill rows + expected tokens) per second of the pass, so
+    in a step that is mostly prefill a draft row must be nearly sure to be accepted to pay for
+    itself, as it costs what a prefill row costs."""
     ks = [cap if acc is None else 0 for cap, acc in zip(caps, acceptance)]
     rows = base_rows + sum(ks)
     gains: list[tuple[float, int]] = []  # (marginal expected tokens, sequence)
@@ -138,6 +143,7 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
             gains.append((run, b))
     gains.sort(key=lambda g: -g[0])
     expected = float(len(caps) if base_tokens is None else base_tokens)  # one token per decoding sequence
+    expected += prefill_rows
     price = cost.at(int(base_tokens if base_tokens is not None else len(caps)))
     best_m, best_rate, total = 0, expected / price(rows), expected
     for m, (gain, _) in enumerate(gains, start=1):

@@ -113,3 +113,15 @@ def test_the_batch_plan_is_the_best_of_every_allocation():
     ks = choose_draft_lens(caps, accs, 3, curve)
     best = max(rate(list(v)) for v in itertools.product(*(range(c + 1) for c in caps)))
     assert rate(ks) == pytest.approx(best)
+
+
+def test_a_step_that_is_mostly_prefill_drafts_only_what_is_nearly_sure():
+    """Prefill rows are work done, like emitted tokens: beside a 512-row chunk a draft row costs
+    what a prefill row costs, so 0.8-acceptance drafts that pay in a decode-only step do not pay
+    there; a forced token (acceptance 1.0) still does."""
+    curve = PassCostCurve(prior_fixed_s=0.05, prior_row_s=0.01)
+    acc = [[0.8] * 8] * 4
+    assert all(k >= 2 for k in choose_draft_lens([8] * 4, acc, 4, curve))  # decode only: drafts pay
+    assert choose_draft_lens([8] * 4, acc, 4 + 512, curve, prefill_rows=512) == [0] * 4
+    sure = [[1.0] * 8] * 4
+    assert choose_draft_lens([8] * 4, sure, 4 + 512, curve, prefill_rows=512) == [8] * 4
