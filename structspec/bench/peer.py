@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     settings = Settings.from_env()
     rows, warm = rows_of(args.dataset, args.n, args.max_chars)
-    # the server's first runs, before this process loads an engine (see free_engines)
+    # the server's first runs, before this process loads an engine (see free_memory)
     server_before = run_server(server_modes, rows, warm, args.max_tokens, args.threads, {}) if server_modes else {}
     batched = Engine.from_settings(settings)
     loaded = batched.loaded
