@@ -151,10 +151,9 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
 def free_memory(model: weakref.ref) -> None:
     """Give back the memory of this process's engines (the caller has dropped them) before the
     server's second run. A server + worker started by a process that had run an engine and still
-    held it took 10.0-10.6 s for the 32 receipts (four runs) where it took 8.7-9.3 s otherwise
-    (five runs), on a Zen 5 host; vLLM's subprocess was not affected, and the cause was not found
-    (the parent used ~0.3 s of CPU meanwhile). So the server runs while this process holds no
-    engine, as its first run does (before the engines load)."""
+    held it ran the batch measurably slower, where vLLM's subprocess was not affected; the cause
+    was not found (docs/benchmarks.md, "A Zen 5 host"). So the server runs while this process
+    holds no engine, as its first run does (before the engines load)."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)

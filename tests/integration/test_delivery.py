@@ -160,9 +160,9 @@ def test_a_batch_survives_dropped_connections_and_a_database_outage_each_job_sto
         batch_id = d.submit_batch([f"document {i}: label {'abc'[i % 3]}" for i in range(n)])
         poll(lambda: d.statuses(batch_id)["running"] >= 4, timeout=60, interval=0.05,
              what="jobs running in the worker", worker=d.worker)
-        # the faults follow at once, while jobs run (on a fast CPU the tiny model ends the whole
-        # batch within a second or two): every connection dropped, the database unreachable for
-        # 5 s, then every connection dropped twice more while the worker recovers
+        # the faults follow at once, while jobs run (on a fast CPU the tiny model can end the
+        # whole batch before slower-paced faults begin): every connection dropped, the database
+        # unreachable for 5 s, then every connection dropped twice more while the worker recovers
         terminated = terminate_connections(d.database)
         unfinished = n - d.ended(batch_id)
         with database_unreachable(d.database):
