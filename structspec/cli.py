@@ -169,7 +169,7 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, object, list 
                                      "max_seqs": engine.scheduler.max_seqs,
                                      "forward": engine.forward_name, "attention": engine.runner.attention,
                                      "layer_steps": engine.layer_steps, "verification": engine.verification,
-                                     "packed_linears": engine.packed_linears}}), file=sys.stderr, flush=True)
+                                     "packed_linears": engine.packed_linears, "linear": engine.linear}}), file=sys.stderr, flush=True)
     with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:
         return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay,
                               chunking)

@@ -14,7 +14,8 @@
   decode-shaped GEMM rate (on 2 cores the compute floor is the higher one); each without and
   with the linear layers prepacked (engine/packed.py), and prepacked through the lean forward
   (engine/lean.py), then that with the native attention (kernels/cpu_attention.c), then that
-  with the layer's elementwise steps fused in C (kernels/cpu_layer.c; the default);
+  with the layer's elementwise steps fused in C (kernels/cpu_layer.c), then that with the bf16
+  linear layers through kernels/cpu_linear.c where the engine picks it (the default);
   and a 512-token prefill chunk (logits of its last row only, as the
   engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (2 x parameters
   x tokens, attention left out: a lower estimate of the work);
@@ -163,18 +164,26 @@ def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) 
 
 
 def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = False, packed: bool = True,
-                  lean: bool = True, kernel_backend: str = "auto", fused: bool = True) -> dict:
+                  lean: bool = True, kernel_backend: str = "auto", fused: bool = True,
+                  native_linear: bool = True) -> dict:
     """The default model in `dtype`, its linear layers prepacked or not (engine/packed.py), through
     the lean forward (engine/lean.py) or its own, its attention as `kernel_backend` picks it
     ("torch": SDPA per sequence; "auto" on a CPU: the native kernel), the lean forward's
-    elementwise steps fused in C where the engine picks that (`fused`; False: torch's)."""
-    from structspec.engine.engine import Engine
+    elementwise steps fused in C where the engine picks that (`fused`; False: torch's), its bf16
+    linear layers through kernels/cpu_linear.c where the engine picks that (`native_linear`;
+    False: oneDNN's packing)."""
+    from unittest import mock
+
+    from structspec.engine import engine as engine_module
     from structspec.engine.model import load_model
 
     loaded = load_model("default", device="cpu", dtype=dtype)
     params = sum(p.numel() for p in loaded.model.parameters())
     nbytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    engine = Engine(loaded, kernel_backend=kernel_backend, engine_packed_linear=packed, engine_lean_forward=lean)
+    choose = engine_module.native_linear if native_linear else (lambda *args: None)
+    with mock.patch.object(engine_module, "native_linear", choose):
+        engine = engine_module.Engine(loaded, kernel_backend=kernel_backend, engine_packed_linear=packed,
+                                      engine_lean_forward=lean)
     lean_forward = getattr(engine.runner, "lean", None)
     if lean_forward is not None and not fused:
         lean_forward.ops = None  # the same forward with torch's elementwise operators
@@ -186,7 +195,7 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
     return {"dtype": dtype, "forward": engine.forward_name, "attention": engine.runner.attention,
             "layer_steps": engine.layer_steps,
-            "packed_linears": engine.packed_linears,
+            "packed_linears": engine.packed_linears, "linear": engine.linear,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),
             "pass_ms": passes,
@@ -209,13 +218,15 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
     f32, b16 = out["gemm_gflops"]["float32"]["prefill"], out["gemm_gflops"]["bfloat16"]["prefill"]
     out["bf16_over_fp32_gemm"] = round(b16 / f32, 2)
     # each dtype without, then with, prepacked linear layers, both through the model's own forward,
-    # then prepacked through the lean forward, then that with the native attention, then the
-    # engine's default (that, with the fused layer steps): each step's gain in the same run
-    steps = ((False, False, "torch", False), (True, False, "torch", False), (True, True, "torch", False),
-             (True, True, "auto", False), (True, True, "auto", True))
-    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and fused,
-                                   packed, lean, backend, fused)
-                     for d in dtypes for packed, lean, backend, fused in steps]
+    # then prepacked through the lean forward, then that with the native attention, then that
+    # with the fused layer steps, then the engine's default (that, with the native linear kernel
+    # where the engine picks it): each step's gain in the same run
+    steps = ((False, False, "torch", False, False), (True, False, "torch", False, False),
+             (True, True, "torch", False, False), (True, True, "auto", False, False),
+             (True, True, "auto", True, False), (True, True, "auto", True, True))
+    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and native, packed, lean,
+                                   backend, fused, native)
+                     for d in dtypes for packed, lean, backend, fused, native in steps]
     return out
 
 
@@ -233,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in report["models"]:
         print(f"{m['dtype']} ({m['forward']} forward, {m['attention']} attention, {m['layer_steps']} layer steps, "
               f"{m['packed_linears']} linear "
-              f"layers prepacked): weights {m['weight_bytes'] / 1e6:.0f} MB, "
+              f"layers prepacked, {m['linear']} linear): weights {m['weight_bytes'] / 1e6:.0f} MB, "
               f"read once in {m['weight_read_ms']} ms at {report['memory_gbps']} GB/s, 16 rows' GEMMs "
               f"{m['compute_16_rows_ms']} ms at the decode GEMM rate; decode 16x1 {m['pass_ms']['16x1']} ms = "
               f"{m['decode_16x1_over_bound']}x the weight read, {m['decode_16x1_over_max_bound']}x the larger "

@@ -31,7 +31,7 @@ from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_chat_prompt, build_prompt
 from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
-from structspec.engine.packed import pack_linears, unpack_linears
+from structspec.engine.packed import PackedLinear, native_linear, pack_linears, unpack_linears
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
 from structspec.engine.sequence import ExtractResult, Phase, Request, RequestStats, Sequence
@@ -96,12 +96,15 @@ class Engine:
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
         # packed (or unpacked: another engine may have packed this model) before the runner's
         # probe, so that the probe checks the layers the engine runs
-        self.packed_linears = pack_linears(loaded.model) if settings.engine_packed_linear else 0
+        kernel_cache = settings.cache_dir / "kernels"
+        native = (native_linear(settings.kernel_backend, loaded.model, kernel_cache)
+                  if settings.engine_packed_linear else None)
+        self.packed_linears = pack_linears(loaded.model, native) if settings.engine_packed_linear else 0
         if not settings.engine_packed_linear:
             unpack_linears(loaded.model)
         self.runner = make_runner(loaded.model, settings.kernel_backend, lean=settings.engine_lean_forward,
-                                  pack=settings.engine_packed_linear, cache_dir=settings.cache_dir / "kernels")
-        self.native_verify = native_verifier(settings.kernel_backend, loaded.device, settings.cache_dir / "kernels")
+                                  pack=settings.engine_packed_linear, cache_dir=kernel_cache, linear=native)
+        self.native_verify = native_verifier(settings.kernel_backend, loaded.device, kernel_cache)
         lean = getattr(self.runner, "lean", None)
         if lean is not None:  # it packed its own fused layers in place of the model's
             self.packed_linears = lean.packed_linears()
@@ -138,6 +141,21 @@ class Engine:
     def forward_name(self) -> str:
         """Which forward pass runs the model: "lean" (engine/lean.py) or "model" (its own)."""
         return "lean" if getattr(self.runner, "lean", None) is not None else "model"
+
+    @property
+    def linear(self) -> str:
+        """What runs the linear layers: "native" (kernels/cpu_linear.c, bf16 on a CPU without AMX),
+        "onednn" (prepacked, engine/packed.py), "torch" (F.linear), or "native and onednn" where
+        a layer failed the native kernel's check at packing (logged)."""
+        layers = [m for m in self.loaded.model.modules() if isinstance(m, PackedLinear)]
+        lean = getattr(self.runner, "lean", None)
+        if lean is not None:
+            layers += [m for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
+                       if isinstance(m, PackedLinear)]
+        native = sum(m.uses_native() for m in layers)
+        if not layers:
+            return "torch"
+        return "native" if native == len(layers) else "onednn" if native == 0 else "native and onednn"
 
     @property
     def layer_steps(self) -> str:

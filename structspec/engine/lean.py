@@ -107,10 +107,10 @@ class LeanLayer:
     are left plain (any packed copy of theirs freed) and their weights made views of the fused
     ones; the lean forward packs its own (engine/packed.py) when `pack`."""
 
-    def __init__(self, layer, pack: bool):
+    def __init__(self, layer, pack: bool, linear=None):
         unpack_linears(layer)
         attn, mlp = layer.self_attn, layer.mlp
-        wrap = PackedLinear if pack else (lambda linear: linear)
+        wrap = (lambda plain: PackedLinear(plain, linear)) if pack else (lambda plain: plain)
         self.attn = attn
         self.index = attn.layer_idx
         self.qkv = wrap(_fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
@@ -134,7 +134,7 @@ class LeanForward:
     """`model`'s forward for packed rows, in fewer operator calls (module docstring). Build with
     `build()`, which says why a model cannot run it."""
 
-    def __init__(self, model, pack: bool, ops=None):
+    def __init__(self, model, pack: bool, ops=None, linear=None):
         inner = model.model
         cfg = model.config
         self.model = model
@@ -147,18 +147,19 @@ class LeanForward:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = first.head_dim
         self.scaling = first.scaling
-        self.layers = [LeanLayer(layer, pack) for layer in inner.layers]
+        self.layers = [LeanLayer(layer, pack, linear) for layer in inner.layers]
         self.packed = pack
         self.ops = ops  # kernels.cpu_layer.LayerOps: the elementwise steps fused in C; None: eager torch
 
     @classmethod
-    def build(cls, model, pack: bool, ops=None) -> tuple["LeanForward | None", str]:
-        """(the lean forward, "") or (None, why not); `ops` as LeanForward.ops."""
+    def build(cls, model, pack: bool, ops=None, linear=None) -> tuple["LeanForward | None", str]:
+        """(the lean forward, "") or (None, why not); `ops` as LeanForward.ops; `linear`:
+        kernels.cpu_linear's library for the packed layers (engine/packed.py), where given."""
         why = unsupported(model)
         if why is not None:
             return None, why
-        pack = pack and can_pack(model) is None
-        return cls(model, pack, ops), ""
+        pack = pack and can_pack(model, linear) is None
+        return cls(model, pack, ops, linear if pack else None), ""
 
     def packed_linears(self) -> int:
         """Linear layers this forward runs through prepacked weights (the fused ones count once)."""

@@ -1,4 +1,4 @@
-"""Linear layers through oneDNN's prepacked weights on a CPU.
+"""Linear layers through prepacked weights on a CPU: oneDNN's, or kernels/cpu_linear.c's.
 
 A decode or verification pass multiplies a few rows by every weight matrix, so its GEMMs
 stream the weights from memory. torch's plain `F.linear` reads a row-major weight through
@@ -8,6 +8,13 @@ per-call reorder and reads the blocks in order. This is what inductor's CPU `fre
 here it needs no compiler and no warm-up. Measured in docs/benchmarks.md ("Packed linear
 layers"). bf16 results are bit-identical to `F.linear`; fp32 results differ in the last bits
 (another summation order), which the engine's near-tie tests cover.
+
+On CPUs with AVX512-BF16 and no AMX, a bf16 engine under kernel_backend "auto" packs for
+kernels/cpu_linear.c instead (`native_linear`): oneDNN overlaps the weight read with the
+arithmetic poorly there, and the C loop streams its own order with prefetches (docs/kernels.md;
+measured in docs/benchmarks.md). Its results differ from F.linear's in the last bits of the
+fp32 sum, as fp32 oneDNN's do. AMX CPUs keep oneDNN (its AMX kernels; not measured against the C
+loop yet).
 
 The original weights stay where they are (the embedding may share one, and code reads their
 shape and dtype): packing adds the size of the linear weights to memory.
@@ -28,15 +35,17 @@ PACK_ROWS = 16  # the row count oneDNN is told to expect; measured rows 1-512 al
 
 
 class PackedLinear(nn.Module):
-    """`linear`'s weight and bias, its forward through a prepacked copy of the weight. The copy
-    follows the weight: after `.to()`, a deepcopy or an in-place change it is packed again on
-    the next call (or, off a CPU or in another dtype, the layer runs F.linear)."""
+    """`linear`'s weight and bias, its forward through a prepacked copy of the weight: for
+    `native` (kernels.cpu_linear.NativeLinear) where given and the weight is bf16, else oneDNN's.
+    The copy follows the weight: after `.to()`, a deepcopy or an in-place change it is packed
+    again on the next call (or, off a CPU or in another dtype, the layer runs F.linear)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, native=None):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias  # shared, not copied
-        self.packed: torch.Tensor | None = None
+        self.native = native
+        self.packed = None  # oneDNN's opaque tensor, or the native kernel's PackedWeight
         self._packed_for: tuple = ()
 
     def _weight_key(self) -> tuple:
@@ -50,26 +59,41 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed_for != self._weight_key():
             w = self.weight.detach()
-            packable = w.device.type == "cpu" and (w.dtype == torch.float32
-                                                   or (w.dtype == torch.bfloat16 and bf16_unpackable() is None))
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) if packable else None
+            self.packed = None
+            if self.uses_native():
+                self.packed = self.native.pack(w, self.bias)
+            elif w.device.type == "cpu" and (w.dtype == torch.float32
+                                             or (w.dtype == torch.bfloat16 and bf16_unpackable() is None)):
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
             self._packed_for = self._weight_key()
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        if not isinstance(self.packed, torch.Tensor):
+            return self.native.linear(x, self.packed)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def uses_native(self) -> bool:
+        """Whether the weight as it is now runs through the native kernel."""
+        w = self.weight
+        return (self.native is not None and w.device.type == "cpu" and w.dtype == torch.bfloat16
+                and self.in_features % 2 == 0)
 
     def __getstate__(self):  # deepcopy and pickle: oneDNN's opaque tensor cannot be copied; repacked on use
         return {**super().__getstate__(), "packed": None, "_packed_for": ()}
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, prepacked"
+        kind = "native" if self.uses_native() else "oneDNN"
+        return f"in_features={self.in_features}, out_features={self.out_features}, prepacked ({kind})"
 
 
-def can_pack(model: nn.Module) -> str | None:
-    """None if `model`'s linear layers can be packed; else why not."""
+def can_pack(model: nn.Module, native=None) -> str | None:
+    """None if `model`'s linear layers can be packed (for `native`, kernels.cpu_linear's library,
+    where given); else why not."""
     param = next(model.parameters())
     if param.device.type != "cpu":
         return "not on a CPU"
+    if native is not None and param.dtype == torch.bfloat16:
+        return None
     if not torch.backends.mkldnn.is_available():
         return "torch was built without oneDNN"
     if param.dtype not in (torch.float32, torch.bfloat16):
@@ -90,12 +114,32 @@ def bf16_unpackable() -> str | None:
     return None
 
 
-def pack_linears(model: nn.Module) -> int:
-    """Swap every nn.Linear of `model` (on a CPU, fp32 or bf16) for a PackedLinear whose output
-    was checked against F.linear on random rows; a layer that fails the check, or a model that
-    cannot be packed, keeps its own. Returns the number of packed layers the model now has
-    (those packed before included: an engine built on a model another engine packed)."""
-    why = can_pack(model)
+def native_linear(kernel_backend: str, model: nn.Module, cache_dir):
+    """kernels/cpu_linear.c's library where it serves `model` (module docstring): kernel_backend
+    "auto", bf16 weights on a CPU with AVX512-BF16 and no AMX; else None (logged why, where the
+    model is bf16 on a CPU)."""
+    param = next(model.parameters())
+    if kernel_backend != "auto" or param.device.type != "cpu" or param.dtype != torch.bfloat16:
+        return None
+    if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+        log.info("bf16 linear layers through oneDNN (this CPU has AMX; kernels/cpu_linear.c serves CPUs without)")
+        return None
+    try:
+        from kernels.cpu_linear import load
+
+        return load(cache_dir)
+    except Exception as e:  # no compiler, a CPU without AVX512-BF16: oneDNN's packing
+        log.info("bf16 linear layers through oneDNN: the native linear kernel is unavailable (%s)", e)
+        return None
+
+
+def pack_linears(model: nn.Module, native=None) -> int:
+    """Swap every nn.Linear of `model` (on a CPU, fp32 or bf16) for a PackedLinear (for `native`,
+    kernels.cpu_linear's library, where given) whose output was checked against F.linear on
+    random rows; a layer that fails the check, or a model that cannot be packed, keeps its own.
+    Returns the number of packed layers the model now has (those packed before included: an
+    engine built on a model another engine packed; those are packed anew for `native`)."""
+    why = can_pack(model, native)
     if why is not None:  # layers packed before (another engine, another dtype) become plain again
         log.info("linear layers not packed: %s", why)
         unpack_linears(model)
@@ -104,15 +148,18 @@ def pack_linears(model: nn.Module) -> int:
     packed, kept = 0, []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
+            if isinstance(child, PackedLinear) and child.native is not native:  # packed for the other kernel
+                child = _plain(child)
             if type(child) is not nn.Linear:
                 continue
             w = child.weight.detach()
             try:
-                layer = PackedLinear(child)
+                layer = PackedLinear(child, native)
                 x = torch.randn(3, child.in_features, generator=gen).to(w.dtype)
                 with torch.inference_mode():
                     got, want = layer(x).float(), F.linear(x, w, child.bias).float()
-                tol = 1e-4 if w.dtype == torch.float32 else 0.0
+                # oneDNN's bf16 is F.linear's bit for bit; fp32 and the native kernel sum in another order
+                tol = 1e-4 if w.dtype == torch.float32 else (2.0 ** -7 if layer.uses_native() else 0.0)
                 if not (got - want).abs().max() <= tol * want.abs().max().clamp_min(1.0):
                     raise ValueError(f"output differs from F.linear by {(got - want).abs().max():.3g}")
             except Exception as e:  # noqa: BLE001 - any failure keeps the plain layer
@@ -130,7 +177,11 @@ def unpack_linears(model: nn.Module) -> None:
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, PackedLinear):
-                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
-                                  device="meta")
-                plain.weight, plain.bias = child.weight, child.bias
-                setattr(parent, name, plain)
+                setattr(parent, name, _plain(child))
+
+
+def _plain(layer: PackedLinear) -> nn.Linear:
+    """An nn.Linear with `layer`'s weight and bias (shared)."""
+    plain = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, device="meta")
+    plain.weight, plain.bias = layer.weight, layer.bias
+    return plain

@@ -224,9 +224,10 @@ def probe(model, attention: str = "torch", cache_dir=None) -> BatchedRunner:
     return runner
 
 
-def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
+def with_lean(runner: BatchedRunner, pack: bool, linear=None) -> BatchedRunner:
     """`runner` through the lean forward (engine/lean.py) when the model has its shape and the
-    probe's logits agree with the model's own; else `runner` as it was (logged, with why)."""
+    probe's logits agree with the model's own; else `runner` as it was (logged, with why).
+    `linear`: kernels.cpu_linear's library for its packed layers, where given."""
     model = runner.model
     name = getattr(model.config, "model_type", type(model).__name__)
     ops = None
@@ -237,7 +238,7 @@ def with_lean(runner: BatchedRunner, pack: bool) -> BatchedRunner:
             ops = load(runner.cache_dir)
         except Exception as e:  # no compiler, a failed build: eager torch between the GEMMs
             log.warning("model %s: the fused layer steps are unavailable (%s); running them in torch", name, e)
-    lean, why = LeanForward.build(model, pack, ops)
+    lean, why = LeanForward.build(model, pack, ops, linear)
     if lean is None:
         log.info("model %s runs its own forward (the lean forward does not serve it: %s)", name, why)
         return runner
@@ -272,12 +273,13 @@ def estimate_layout(model) -> KVLayout:
 
 
 def make_runner(model, kernel_backend: str = "auto", lean: bool = False, pack: bool = False,
-                cache_dir=None) -> BatchedRunner | SequentialRunner:
+                cache_dir=None, linear=None) -> BatchedRunner | SequentialRunner:
     """The batched runner if the model passes the probe, with the Triton or native attention
     where `kernel_backend` picks it (attention_backend) and it passes too (the native one built
     under `cache_dir`), and through the lean forward where `lean` asks for it and it passes (with
-    its linear layers prepacked where `pack`); else the sequential runner. Every fallback is
-    logged with its reason."""
+    its linear layers prepacked where `pack`, for `linear`, kernels.cpu_linear's library, where
+    given: packed.native_linear); else the sequential runner. Every fallback is logged with its
+    reason."""
     name = getattr(model.config, "model_type", type(model).__name__)
     attention = attention_backend(kernel_backend, next(model.parameters()).device)
     runner = None
@@ -293,4 +295,4 @@ def make_runner(model, kernel_backend: str = "auto", lean: bool = False, pack: b
         except Exception as e:  # any failure of the probe means: do not batch this model
             log.warning("model %s cannot run batched (%s); decoding one sequence at a time", name, e)
             return SequentialRunner(model, estimate_layout(model))
-    return with_lean(runner, pack) if lean else runner
+    return with_lean(runner, pack, linear) if lean else runner

@@ -1,0 +1,191 @@
+"""The native bf16 linear kernel (kernels/cpu_linear.c) against an exact reference, its row
+independence, its argument checks, and the engine's choice of it (engine/packed.py)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from kernel_cases import DEVICE
+
+from kernels.cpu_linear import load
+
+pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+FLAGS = cpu_flags()
+HAS_DPBF16 = "avx512_bf16" in FLAGS
+# the engine picks the kernel on CPUs with AVX512-BF16 and without AMX (engine/packed.py)
+ENGINE_PICKS_IT = HAS_DPBF16 and "amx_tile" not in FLAGS
+needs_dpbf16 = pytest.mark.skipif(not HAS_DPBF16, reason="this CPU lacks AVX512-BF16, which the kernel needs "
+                                  "(test_a_cpu_without_avx512_bf16_gets_a_clear_error checks the refusal)")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    return load(tmp_path_factory.mktemp("kernels"))
+
+
+def rand(*shape, seed, scale=1.0, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=gen) * scale).to(dtype)
+
+
+# (rows, in, out): decode and verification rows, a row count that splits into uneven tiles, a
+# prefill-sized one (split over threads), out widths off the 48-column group and the 16-lane vector
+SHAPES = [(1, 576, 960), (3, 64, 40), (16, 576, 3072), (13, 1536, 576), (9, 18, 7), (70, 128, 100), (300, 576, 200)]
+
+
+@needs_dpbf16
+@pytest.mark.parametrize("m, k, n", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_each_output_is_the_exact_sum_rounded_once_to_bf16_within_fp32_accumulation(m, k, n, with_bias, lib):
+    w, x = rand(n, k, seed=1, scale=0.05), rand(m, k, seed=2)
+    bias = rand(n, seed=3, dtype=torch.float32) if with_bias else None
+    got = lib.linear(x, lib.pack(w, bias))
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    # fp32 accumulation over k products: |error| <= k * 2^-24 * sum|products|; then one bf16 rounding
+    scale = (x.double().abs() @ w.double().abs().T) + (0 if bias is None else bias.double().abs())
+    allowed = exact.abs() * 2.0 ** -8 + k * 2.0 ** -24 * scale * 1.01
+    assert got.dtype == torch.bfloat16 and got.shape == (m, n)
+    assert bool(((got.double() - exact).abs() <= allowed).all())
+    # against F.linear (another summation order): mostly the same bits, never more than a bf16 unit apart
+    want = F.linear(x, w, None if bias is None else bias.to(torch.bfloat16))
+    if bias is None:
+        assert (got == want).float().mean() > 0.95
+
+
+@needs_dpbf16
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib):
+    """Every output is one chain over the k pairs in order, so a row computed among 1, 2, ..., 40
+    rows (tiles of every size, the row at every place in its tile) has the same bits."""
+    w = rand(200, 576, seed=4, scale=0.05)
+    packed = lib.pack(w)
+    x = rand(40, 576, seed=5)
+    alone = torch.cat([lib.linear(x[i:i + 1], packed) for i in range(40)])
+    for m in (2, 5, 8, 9, 17, 40):
+        for start in range(0, 40, m):
+            assert torch.equal(lib.linear(x[start:start + m], packed), alone[start:start + m]), (m, start)
+    assert torch.equal(lib.linear(x, packed, threads=1), alone)  # and the thread count changes nothing
+
+
+@needs_dpbf16
+def test_strided_rows_and_leading_dimensions(lib):
+    w = rand(96, 64, seed=6)
+    packed = lib.pack(w)
+    wide = rand(5, 100, seed=7)
+    view = wide[:, 10:74]  # rows with a stride of 100 elements
+    assert torch.equal(lib.linear(view, packed), lib.linear(view.contiguous(), packed))
+    x3 = rand(2, 3, 64, seed=8)
+    assert torch.equal(lib.linear(x3, packed), lib.linear(x3.reshape(6, 64), packed).view(2, 3, 96))
+    assert lib.linear(rand(0, 64, seed=9), packed).shape == (0, 96)
+    w_view = rand(96, 80, seed=10)[:, :64]  # a weight with a row stride past its width
+    assert torch.equal(lib.linear(view, lib.pack(w_view)), lib.linear(view, lib.pack(w_view.contiguous())))
+
+
+@needs_dpbf16
+def test_bad_arguments_are_refused_saying_what_is_wrong(lib):
+    with pytest.raises(ValueError, match="in_features must be even"):
+        lib.pack(rand(8, 7, seed=1))
+    with pytest.raises(ValueError, match="2-D bf16"):
+        lib.pack(rand(8, 8, seed=1, dtype=torch.float32))
+    with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
+        lib.pack(rand(8, 8, seed=1), torch.zeros(9))
+    packed = lib.pack(rand(8, 8, seed=1))
+    with pytest.raises(ValueError, match="last dimension 8"):
+        lib.linear(rand(2, 6, seed=2), packed)
+    with pytest.raises(ValueError, match="must be bf16"):
+        lib.linear(rand(2, 8, seed=2, dtype=torch.float32), packed)
+
+
+@pytest.mark.skipif(HAS_DPBF16, reason="this CPU has AVX512-BF16 (the other tests run the kernel)")
+def test_a_cpu_without_avx512_bf16_gets_a_clear_error(tmp_path):
+    with pytest.raises(RuntimeError, match="AVX512-BF16"):
+        load(tmp_path)
+
+
+def bf16_loaded(tiny_normal_loaded):
+    from structspec.engine.model import from_model
+
+    return from_model(copy.deepcopy(tiny_normal_loaded.model).to(torch.bfloat16), tiny_normal_loaded.tokenizer,
+                      name="tiny bf16")
+
+
+def test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it(tiny_normal_loaded, tmp_path):
+    """kernel_backend auto, bf16, a CPU with AVX512-BF16 and no AMX: every packed layer (the lean
+    forward's fused ones and the model's own, lm_head among them) runs the kernel; elsewhere, and
+    under kernel_backend "torch", oneDNN's packing."""
+    from structspec.engine.engine import Engine
+    from structspec.engine.packed import PackedLinear
+
+    engine = Engine(bf16_loaded(tiny_normal_loaded), cache_dir=tmp_path)
+    assert engine.linear == ("native" if ENGINE_PICKS_IT else "onednn")
+    assert isinstance(engine.loaded.model.lm_head, PackedLinear)
+    assert engine.loaded.model.lm_head.uses_native() == ENGINE_PICKS_IT
+    if ENGINE_PICKS_IT:
+        assert list((tmp_path / "kernels").glob("cpu_linear_*.so"))  # built where the engine was told
+    assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").linear == "onednn"
+    assert Engine(tiny_normal_loaded).linear == "onednn"  # fp32 weights: oneDNN's packing
+    assert Engine(bf16_loaded(tiny_normal_loaded), engine_packed_linear=False).linear == "torch"
+
+
+@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the kernel only on CPUs with AVX512-BF16 "
+                    "and no AMX; test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it "
+                    "checks it keeps oneDNN here")
+def test_a_failing_build_keeps_onednn_and_a_repacked_model_follows_the_engine(tiny_normal_loaded, monkeypatch,
+                                                                                caplog, tmp_path):
+    from structspec.engine.engine import Engine
+
+    loaded = bf16_loaded(tiny_normal_loaded)
+    monkeypatch.setenv("CC", "no-such-cc")
+    with caplog.at_level(logging.INFO, logger="structspec.engine.packed"):
+        engine = Engine(loaded, cache_dir=tmp_path / "empty")
+    assert engine.linear == "onednn" and "the native linear kernel is unavailable" in caplog.text
+    monkeypatch.delenv("CC")
+    # the same model, packed for oneDNN by that engine, is packed anew for the kernel by the next
+    assert Engine(loaded, cache_dir=tmp_path).linear == "native"
+    assert Engine(loaded, kernel_backend="torch").linear == "onednn"
+
+
+@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the kernel only on CPUs with AVX512-BF16 "
+                    "and no AMX")
+def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny_normal_loaded, monkeypatch,
+                                                                           tmp_path):
+    """Both sum in fp32, in different orders: where a run through the kernel parts from the same
+    run through oneDNN (everything else equal), the oneDNN run's top-2 allowed logits there were
+    within the bf16 near-tie epsilon (tests/unit/engine/test_bf16.py), and most runs never part."""
+    import structspec.engine.engine as engine_module
+    from structspec.bench.exactness import bounded, compare
+    from structspec.engine.engine import Engine, Request
+    from structspec.options import RequestOptions
+    from tests.conftest import deepjsoneval_rows
+    from tests.unit.engine.test_bf16 import BF16_EPS
+
+    loaded = bf16_loaded(tiny_normal_loaded)
+    requests = [Request(bounded(row["schema"]), row["text"],
+                        RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4, max_tokens=80,
+                                       verbatim=True), trace=True)
+                for i, row in enumerate(deepjsoneval_rows(8))]
+    native = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    assert native.linear == "native"
+    got = native.run(requests)
+    with monkeypatch.context() as m:
+        m.setattr(engine_module, "native_linear", lambda *args: None)
+        onednn = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    assert onednn.linear == "onednn"
+    refs = onednn.run(requests)
+    diverged = [d for d in (compare(ref, res) for ref, res in zip(refs, got)) if d is not None]
+    assert all(d.near_tie(BF16_EPS) for d in diverged), diverged
+    assert len(diverged) <= len(requests) // 2, diverged
+    assert sum(len(res.tokens) for res in got) > 8 * 20  # the runs did real work
