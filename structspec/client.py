@@ -168,8 +168,8 @@ def attach(client: Client, batch_id: str, poll_s: float = 1.0) -> str:
                 bar.set_postfix({k: v for k, v in b["counts"].items() if v})
                 if b["finished_at"] is not None:
                     break
-                time.sleep(poll_s)
-                b = client.call("GET", f"/v1/batches/{batch_id}")
+                # the long poll: answered when the batch ends, else after poll_s (the bar's next update)
+                b = client.call("GET", f"/v1/batches/{batch_id}", params={"wait": poll_s})
     except KeyboardInterrupt:
         print(f"structspec: batch {batch_id} goes on in the server; `structspec batch --attach {batch_id}` waits "
               f"for it again, POST /v1/batches/{batch_id}/cancel stops it", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from typing import Annotated
 import anyio
 import msgspec
 from litestar import Controller, Request, delete, get, post
+from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, Reference, RequestBody, Schema
 from litestar.params import PathParameter, QueryParameter
@@ -20,6 +21,7 @@ from structspec.api.errors import BadRequestError, ErrorItem, UnprocessableError
 from structspec.api.extractions import REPLAYED, IdempotencyKey, Limit, Offset, provide_job_service
 from structspec.api.schemas import _errors
 from structspec.api.services.jobs import Idempotency, JobService
+from structspec.api.services.waiting import unless_disconnected
 from structspec.api.structs import (NO_NUL, BatchAccepted, BatchCreate, BatchPage, BatchRead, JobOptions,
                                     option_keywords)
 
@@ -121,10 +123,19 @@ class BatchController(Controller):
                      = None) -> BatchPage:
         return jobs.list_batches(limit=limit, offset=offset, schema_id=schema_id)
 
-    @get("/{batch_id:str}", sync_to_thread=True, summary="Batch progress: counts per status",
-         responses=_errors(404))
-    def get_batch(self, batch_id: BatchId, jobs: Jobs) -> BatchRead:
-        return jobs.get_batch(batch_id)
+    @get("/{batch_id:str}", summary="Batch progress: counts per status",
+         description="With ?wait=S (0-60) the call answers once the batch has finished (`finished_at` set) or "
+                     "after S seconds, whichever comes first: a client waiting for a batch needs no polling "
+                     "loop of its own, and sees the end as soon as it comes.",
+         responses=_errors(404, 422))
+    async def get_batch(self, request: Request, state: State, batch_id: BatchId, jobs: Jobs,
+                        # schema_extra: Litestar drops ge=0 from the document for an optional float
+                        wait: Annotated[float | None, QueryParameter(ge=0, le=60, schema_extra={"minimum": 0})] = None,
+                        ) -> BatchRead:
+        if not wait:
+            return await anyio.to_thread.run_sync(jobs.get_batch, batch_id)
+        batch, _ = await unless_disconnected(request.receive, lambda: jobs.wait_batch(state.waiter, batch_id, wait))
+        return batch  # None only when the client went away: nobody reads it
 
     @get("/{batch_id:str}/results", sync_to_thread=True, media_type=NDJSON,
          summary="NDJSON {id, status, result | error, stats} per document, in input order",

@@ -301,14 +301,13 @@ def run_batch(svc: Service, schema_id: str, docs: list[str], options: dict) -> d
                                            "documents": [{"id": i, "document": d} for i, d in enumerate(docs)]})
     r.raise_for_status()
     batch_id = r.json()["id"]
-    while True:
-        b = svc.http.get(f"/v1/batches/{batch_id}").json()
+    while True:  # the API's long poll answers as the batch ends; between answers, the children's health
+        b = svc.http.get(f"/v1/batches/{batch_id}", params={"wait": 5}).json()
         if b.get("finished_at"):
             break
         svc.children.check()
         if time.monotonic() > svc.deadline:
             break
-        time.sleep(0.25)  # the run's end is seen within this
     lines = [json.loads(x) for x in svc.http.get(f"/v1/batches/{batch_id}/results").text.splitlines() if x.strip()]
     return {"submitted": len(docs), "errors": len(docs) - b["total"], "first_submit": t0, "results": lines,
             "last_finish": _epoch(b["finished_at"]) if b.get("finished_at") else None,

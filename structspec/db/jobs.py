@@ -226,6 +226,11 @@ class JobRepository:
 
     # --- batch reads ---------------------------------------------------------------------------
 
+    def one_unfinished(self, batch_id: uuid.UUID) -> uuid.UUID | None:
+        """The id of one queued or running job of the batch (the last created), or None."""
+        return self.session.execute(sa.select(J.id).where(J.batch_id == batch_id, J.status.in_(("queued", "running")))
+                                    .order_by(J.created_at.desc(), J.id.desc()).limit(1)).scalar()
+
     def counts(self, batch_id: uuid.UUID) -> tuple[dict[str, int], datetime | None]:
         """Jobs per status, and the latest finished_at."""
         return self.counts_of([batch_id])[batch_id]

@@ -240,6 +240,32 @@ def test_batch_of_50_returns_valid_results_in_input_order(stack):
     assert len(rows) == 50 and {c for (c,) in rows} == {1}
 
 
+def test_a_batch_long_poll_answers_at_its_deadline_while_unfinished_and_as_soon_as_it_ends(stack):
+    """GET /v1/batches/{id}?wait=S: with no worker running, the answer comes after S seconds with
+    the batch unfinished; once a worker runs it, the answer comes when the last job ends."""
+    stack.worker.stop()
+    try:
+        docs = [{"id": i, "document": f"long poll document {i}"} for i in range(4)]
+        bid = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id, "documents": docs}).json()["id"]
+        t = time.monotonic()
+        early = stack.client.get(f"/v1/batches/{bid}?wait=0.5")
+        took = time.monotonic() - t
+        assert early.status_code == 200 and early.json()["finished_at"] is None, early.text
+        assert early.json()["counts"]["queued"] == 4 and 0.45 <= took < 5, took
+    finally:
+        stack.worker.start()
+    t = time.monotonic()
+    done = stack.client.get(f"/v1/batches/{bid}?wait=60").json()
+    assert done["finished_at"] is not None and done["counts"]["succeeded"] == 4, done
+    assert time.monotonic() - t < 55  # answered as the batch ended, not at the deadline
+    t = time.monotonic()
+    assert stack.client.get(f"/v1/batches/{bid}?wait=30").json()["finished_at"] is not None
+    assert time.monotonic() - t < 5  # a finished batch: answered at once
+    too_long = stack.client.get(f"/v1/batches/{bid}?wait=61")
+    assert "wait" in json.dumps(assert_error(too_long, too_long.status_code)) and too_long.status_code in (400, 422)
+    assert_error(stack.client.get(f"/v1/batches/{uuid.uuid4()}?wait=1"), 404)
+
+
 def test_ndjson_batch_reports_malformed_lines_by_number_and_runs_the_rest(stack):
     lines = ['{"document": "first"}', '{bad json', '{"document": 5}', '',
              '{"id": 7, "document": "fifth line"}', '{"document": "x", "extra": 1}', '[1]']

@@ -12,14 +12,14 @@ from structspec.client import Client, ClientError
 
 def scripted(*answers):
     """A transport answering each request with the next of `answers` (an httpx.Response, or an
-    exception to raise), recording the requests."""
+    exception to raise: KeyboardInterrupt too), recording the requests."""
     seen: list[httpx.Request] = []
     queue = list(answers)
 
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         answer = queue.pop(0)
-        if isinstance(answer, Exception):
+        if isinstance(answer, BaseException):
             raise answer
         return answer
 
@@ -104,22 +104,20 @@ def test_attach_waits_for_a_batch_and_prints_its_results_with_the_key(no_sleep, 
         assert client_module.attach(c, "b1", poll_s=0.25) == "succeeded"
     out, err = capsys.readouterr()
     assert out.splitlines() == [line.decode() for line in lines.splitlines()]
-    assert "batch b1: succeeded" in err and no_sleep == [0.25]
+    # the second read is the API's long poll (answered as the batch ends, or after poll_s): no sleep here
+    assert "batch b1: succeeded" in err and no_sleep == []
     assert [r.url.path for r in seen] == ["/v1/batches/b1"] * 2 + ["/v1/batches/b1/results"]
+    assert dict(seen[0].url.params) == {} and dict(seen[1].url.params) == {"wait": "0.25"}
     assert all(r.headers["authorization"] == "Bearer ss_k" for r in seen)  # the results stream too
 
 
-def test_attach_names_a_refused_results_stream_and_an_interrupted_wait_says_how_to_come_back(capsys, monkeypatch):
+def test_attach_names_a_refused_results_stream_and_an_interrupted_wait_says_how_to_come_back(capsys):
     http, _ = scripted(batch_state(2, finished=True), error(401, "invalid API key"))
     with Client("http://server", http=http) as c, pytest.raises(ClientError,
                                                                 match="results: 401 invalid API key"):
         client_module.attach(c, "b1")
 
-    def interrupt(_):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(client_module.time, "sleep", interrupt)
-    http, _ = scripted(batch_state(0))
+    http, _ = scripted(batch_state(0), KeyboardInterrupt())  # Ctrl-C during the long poll
     with Client("http://server", http=http) as c, pytest.raises(KeyboardInterrupt):
         client_module.attach(c, "b1")
     assert "batch b1 goes on in the server; `structspec batch --attach b1` waits for it again" in \

@@ -17,6 +17,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+import anyio
 import msgspec
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
@@ -381,6 +382,32 @@ class JobService:
             batch = self._batch(session, batch_id)
             counts, latest = JobRepository(session).counts(batch.id)
             return to_batch_read(batch, counts, latest)
+
+    def _batch_and_pending(self, batch_id: str) -> tuple[BatchRead, uuid.UUID | None]:
+        """The batch as get_batch reads it, and one of its unfinished jobs (None: none left)."""
+        with self.session_factory() as session:
+            batch = self._batch(session, batch_id)
+            repo = JobRepository(session)
+            counts, latest = repo.counts(batch.id)
+            return to_batch_read(batch, counts, latest), repo.one_unfinished(batch.id)
+
+    async def wait_batch(self, waiter: JobWaiter, batch_id: str, seconds: float) -> BatchRead:
+        """The batch once finished, or as it is after `seconds`. The wait holds no thread: it
+        sleeps on one unfinished job at a time (api/services/waiting.py) and reads the batch
+        again when that job ends, so it wakes at most once per job."""
+        deadline = time.monotonic() + seconds
+        while True:
+            batch, pending = await anyio.to_thread.run_sync(self._batch_and_pending, batch_id)
+            if batch.finished_at is not None or pending is None or time.monotonic() >= deadline:
+                return batch
+            try:
+                async with contextlib.aclosing(waiter.changes(pending, lambda: self.record(pending),
+                                                              deadline)) as changes:
+                    async for job in changes:
+                        if job.status in TERMINAL_STATUSES:
+                            break
+            except NotFoundError:  # that job was deleted meanwhile: read the batch again (a 404 if it went too)
+                pass
 
     def list_batches(self, *, limit: int, offset: int, schema_id: uuid.UUID | None = None) -> BatchPage:
         """The tenant's batches, newest first, with their counts and status."""

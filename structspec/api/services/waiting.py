@@ -192,8 +192,9 @@ async def until_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -
 async def unless_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]],
                               work: Callable[[], Awaitable[T]]) -> tuple[T | None, bool]:
     """Run `work()`; stop it if the client disconnects first. (result, False), or (None, True)
-    when the client went away."""
+    when the client went away; an exception of `work()` is raised as it is."""
     result: list[T] = []
+    errors: list[Exception] = []
     gone = False
     async with anyio.create_task_group() as group:
         async def watch() -> None:
@@ -203,9 +204,14 @@ async def unless_disconnected(receive: Callable[[], Awaitable[dict[str, Any]]],
             group.cancel_scope.cancel()
 
         async def run() -> None:
-            result.append(await work())
+            try:
+                result.append(await work())
+            except Exception as e:  # noqa: BLE001 - raised below as itself (an API error keeps its status)
+                errors.append(e)
             group.cancel_scope.cancel()
 
         group.start_soon(watch)
         group.start_soon(run)
+    if errors:  # not wrapped in the task group's ExceptionGroup, which the API would answer with a 500
+        raise errors[0]
     return (result[0] if result else None), gone
