@@ -98,6 +98,9 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan]]], rows: list[dic
     for mode, (engine, plans) in engines.items():
         requests = [Request(r["schema"], r["text"], plan.options, acceptance=plan.acceptance)
                     for r, plan in zip(rows, plans)]
+        # a cold prefix cache each run, as vLLM's is reset each repeat (peer_vllm.py): the rows'
+        # shared prefixes are still reused within the run, but no run reads what an earlier one left
+        engine.clear_prefix_cache()
         t = time.perf_counter()
         results = engine.run(requests)
         s = time.perf_counter() - t
