@@ -81,9 +81,13 @@ static inline float exp_nonpos(float x) {
 #endif
 typedef float vf __attribute__((vector_size(4 * VW)));
 /* Software prefetch: the hardware's streams alone kept a step at ~14 GB/s, half of what this
- * machine reads. While q.K reads a run of keys, the keys PREFETCH_KEYS ahead and the values of
- * the same keys are requested (the values into L2, for P.V) */
+ * machine reads. While q.K reads a run of keys, the keys PREFETCH_KEYS ahead are requested, and
+ * on the AMX build the values of the same keys too (into L2, for P.V). Without AMX (the bf16 build
+ * for AVX512-BF16 CPUs), P.V requests its own values PREFETCH_VALUES ahead instead, on its first
+ * pass over them: on a Zen 5 the values' prefetch during q.K slowed a decode step's attention
+ * by a third (docs/benchmarks.md); the AMX build keeps what was measured on its host. */
 #define PREFETCH_KEYS 64
+#define PREFETCH_VALUES 64
 #define NB 64    /* keys per block: a block's keys (or values) in fp32 stay in L1 for every query */
 #define VD (D / VW)
 #define VDV (DV / VW)
@@ -285,11 +289,13 @@ static inline const char *rows_at(const char *own, const char *entry, int64_t sh
 static inline void prefetch_bf16_run(const char *keys, const char *skeys, const char *values, const char *svalues,
                                      int64_t shared, int64_t at) {
     const char *ahead = rows_at(keys, skeys, shared, at + PREFETCH_KEYS, 16, 2 * D);
+    for (int l = 0; l < 16 * D * 2; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+#if AMX
     const char *vals = rows_at(values, svalues, shared, at, 16, 2 * DV);
-    for (int l = 0; l < 16 * D * 2; l += 64) {
-        __builtin_prefetch(ahead + l, 0, 3);
-        __builtin_prefetch(vals + l * DV / D, 0, 2);
-    }
+    for (int l = 0; l < 16 * DV * 2; l += 64) __builtin_prefetch(vals + l, 0, 2);
+#else
+    (void)values, (void)svalues;
+#endif
 }
 
 /* Keys [b, b + 16) of an item's span (which starts at key `lo`) as 16 rows of D: where rows_at
@@ -314,15 +320,24 @@ static inline const uint16_t *key_run(const char *keys, const char *skeys, const
  * probabilities p (rows `ps` apart), values bf16 read where rows_at says. Each value row is read
  * once per pass and widened to fp32 in registers (no converted copy in memory: at a decode row's
  * 3 queries the copy cost more than the products); one chain per accumulator lane, keys in order,
- * so a query's sums do not depend on the other queries of the pass. */
+ * so a query's sums do not depend on the other queries of the pass. `stream`: the item's first
+ * pass over these values (which prefetches ahead, see PREFETCH_VALUES). */
 static inline void pv_bf16(const char *values, const char *svalues, int64_t shared, int64_t lo, int64_t span,
-                           const float *p, int64_t ps, int64_t nq, float *acc) {
+                           const float *p, int64_t ps, int64_t nq, float *acc, int stream) {
     __m512 a[QG][DV / 16];
     for (int m = 0; m < QG; m++)
         for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < span; b += 16) {
         int64_t nb = span - b < 16 ? span - b : 16;
         const uint16_t *vb = (const uint16_t *)rows_at(values, svalues, shared, lo + b, nb, 2 * DV);
+#if !AMX
+        if (stream && b + PREFETCH_VALUES + 16 <= span) {
+            const char *ahead = rows_at(values, svalues, shared, lo + b + PREFETCH_VALUES, 16, 2 * DV);
+            for (int l = 0; l < 16 * DV * 2; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+        }
+#else
+        (void)stream;
+#endif
         for (int64_t n = 0; n < nb; n++) {
             __m512 x[DV / 16];
             for (int c = 0; c < DV / 16; c++)
@@ -540,7 +555,7 @@ static inline __attribute__((always_inline)) void attend_item(
     if (kv_bf16) { /* P.V straight from bf16 values, QG queries at a time (see pv_bf16) */
         for (int64_t q0 = 0; q0 < nq; q0 += QG)
             pv_bf16(values, svalues, shared, lo, span, scores + q0 * padded, padded, nq - q0 < QG ? nq - q0 : QG,
-                    acc + q0 * DV);
+                    acc + q0 * DV, q0 == 0);
     } else
 #endif
     for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
