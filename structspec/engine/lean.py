@@ -149,6 +149,7 @@ class LeanForward:
         self.scaling = first.scaling
         self.layers = [LeanLayer(layer, pack, linear) for layer in inner.layers]
         self.packed = pack
+        self.linear = linear  # kernels.cpu_linear's library for the packed layers; None: oneDNN
         self.ops = ops  # kernels.cpu_layer.LayerOps: the elementwise steps fused in C; None: eager torch
 
     @classmethod
@@ -171,7 +172,7 @@ class LeanForward:
         the lean forward had taken their packing over (their weights stay views of the fused)."""
         if self.packed:
             for layer in self.model.model.layers:
-                pack_linears(layer)
+                pack_linears(layer, self.linear)
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
         """Logits [R, V] of `logits_rows` of the packed rows (input_ids, positions: [T]); the

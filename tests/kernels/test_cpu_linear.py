@@ -189,3 +189,19 @@ def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny
     assert all(d.near_tie(BF16_EPS) for d in diverged), diverged
     assert len(diverged) <= len(requests) // 2, diverged
     assert sum(len(res.tokens) for res in got) > 8 * 20  # the runs did real work
+
+
+@needs_dpbf16
+def test_a_lean_forward_given_back_leaves_the_models_layers_packed_for_the_kernel(tiny_normal_loaded, lib):
+    """When the lean forward fails its start-up check, the model's own layers are packed again
+    (LeanForward.release) for the same kernel the lean forward had, not for oneDNN."""
+    from structspec.engine.lean import LeanForward
+    from structspec.engine.packed import PackedLinear
+
+    model = bf16_loaded(tiny_normal_loaded).model
+    lean, why = LeanForward.build(model, True, None, lib)
+    assert lean is not None, why
+    assert all(m.uses_native() for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+    lean.release()
+    packed = [m for m in model.model.layers.modules() if isinstance(m, PackedLinear)]
+    assert len(packed) == 7 * len(model.model.layers) and all(m.uses_native() for m in packed)
