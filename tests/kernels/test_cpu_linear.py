@@ -127,15 +127,16 @@ def test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it(tiny
     forward's fused ones and the model's own, lm_head among them) runs the kernel; elsewhere, and
     under kernel_backend "torch", oneDNN's packing."""
     from structspec.engine.engine import Engine
-    from structspec.engine.packed import PackedLinear
+    from structspec.engine.packed import PackedLinear, bf16_unpackable
 
+    # oneDNN packs bf16 only on CPUs with AVX512 (an AVX2-only one keeps F.linear: "torch")
+    onednn_bf16 = "onednn" if bf16_unpackable() is None else "torch"
     engine = Engine(bf16_loaded(tiny_normal_loaded), cache_dir=tmp_path)
-    assert engine.linear == ("native" if ENGINE_PICKS_IT else "onednn")
-    assert isinstance(engine.loaded.model.lm_head, PackedLinear)
-    assert engine.loaded.model.lm_head.uses_native() == ENGINE_PICKS_IT
+    assert engine.linear == ("native" if ENGINE_PICKS_IT else onednn_bf16)
     if ENGINE_PICKS_IT:
+        assert isinstance(engine.loaded.model.lm_head, PackedLinear) and engine.loaded.model.lm_head.uses_native()
         assert list((tmp_path / "kernels").glob("cpu_linear_*.so"))  # built where the engine was told
-    assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").linear == "onednn"
+    assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").linear == onednn_bf16
     assert Engine(tiny_normal_loaded).linear == "onednn"  # fp32 weights: oneDNN's packing
     assert Engine(bf16_loaded(tiny_normal_loaded), engine_packed_linear=False).linear == "torch"
 
@@ -205,3 +206,15 @@ def test_a_lean_forward_given_back_leaves_the_models_layers_packed_for_the_kerne
     lean.release()
     packed = [m for m in model.model.layers.modules() if isinstance(m, PackedLinear)]
     assert len(packed) == 7 * len(model.model.layers) and all(m.uses_native() for m in packed)
+
+
+def test_a_cpu_with_amx_keeps_onednn(tiny_normal_loaded, monkeypatch, caplog):
+    """AMX CPUs keep oneDNN's packing (its AMX kernels), saying so, on any host this runs on."""
+    from structspec.engine.engine import Engine
+    from structspec.engine.packed import bf16_unpackable
+
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    with caplog.at_level(logging.INFO, logger="structspec.engine.packed"):
+        engine = Engine(bf16_loaded(tiny_normal_loaded))
+    assert engine.linear == ("onednn" if bf16_unpackable() is None else "torch")
+    assert "this CPU has AMX" in caplog.text
