@@ -81,6 +81,7 @@ class Slot:
         # the entry instead, one copy for every sequence of the batch that shares it; an evicted
         # entry drops its tensors, so holding it keeps no memory beyond the budget)
         self.shared: PrefixEntry | None = None
+        self.shared_len = 0  # how many of the entry's first tokens this slot's are (all, or a common start)
 
     def rollback(self, num_tokens: int) -> None:
         """Forget the last `num_tokens` tokens (their KV is overwritten by the next write)."""
@@ -88,13 +89,18 @@ class Slot:
             raise ValueError(f"cannot roll back {num_tokens} of {self.length} cached tokens")
         self.length -= num_tokens
 
-    def copy_prefix_from(self, entry: "PrefixEntry") -> None:
+    def copy_prefix_from(self, entry: "PrefixEntry", length: int | None = None) -> None:
+        """This slot's first `length` tokens (default: all of the entry's) := the entry's: the
+        tokens must be the same (a prompt that starts as the entry's key does)."""
+        n = entry.length if length is None else length
+        if not 0 < n <= entry.length:
+            raise ValueError(f"cannot copy {n} tokens of a {entry.length}-token prefix entry")
         for dst, src in zip(self.keys, entry.keys):
-            dst[:, :entry.length].copy_(src)
+            dst[:, :n].copy_(src[:, :n])
         for dst, src in zip(self.values, entry.values):
-            dst[:, :entry.length].copy_(src)
-        self.length = entry.length
-        self.shared = entry
+            dst[:, :n].copy_(src[:, :n])
+        self.length = n
+        self.shared, self.shared_len = entry, n
 
 
 @dataclass
@@ -129,6 +135,24 @@ class PrefixCache:
         if entry is not None:
             self._entries.move_to_end(key)
         return entry
+
+    def longest_start(self, key: tuple[int, ...]) -> tuple[PrefixEntry | None, int]:
+        """The entry whose key shares the longest start with `key` (another schema's prompt that
+        begins as this one does: the instruction, the first fields), and that start's length;
+        (None, 0) if none shares a token."""
+        best, best_n = None, 0
+        for other, entry in self._entries.items():
+            n = 0
+            for a, b in zip(other, key):
+                if a != b:
+                    break
+                n += 1
+            if n > best_n:
+                best, best_n = other, n
+        if best is None:
+            return None, 0
+        self._entries.move_to_end(best)
+        return self._entries[best], best_n
 
     def put(self, key: tuple[int, ...], slot: Slot, layout: KVLayout, limit: int) -> PrefixEntry | None:
         """Keep a copy of `slot`'s first len(key) tokens, evicting older entries so that the
@@ -195,7 +219,7 @@ class KVCache:
         entry = self.prefix.put(key, slot, self.layout, limit=self.budget_bytes - self.reserved_bytes)
         if entry is not None:
             self.peak_bytes = max(self.peak_bytes, self.reserved_bytes + self.prefix.nbytes)
-            slot.shared = entry
+            slot.shared, slot.shared_len = entry, entry.length
 
 
 # --- attention over slots -----------------------------------------------------------------
@@ -278,8 +302,9 @@ def segment_table(segments: list[Segment]) -> torch.Tensor:
 
 def native_table(segments: list[Segment]) -> torch.Tensor:
     """segment_table, and when a segment's slot holds a copy of a prefix cache entry, 2 * layers
-    + 2 more rows: each segment's entry key addresses, value addresses, length and capacity (0
-    where none), from which the native attention reads the prefix (cpu_attention.c's header)."""
+    + 2 more rows: each segment's entry key addresses, value addresses, the rows it shares with
+    the entry (all of them, or a common start) and the entry's capacity (0 where none), from
+    which the native attention reads the prefix (cpu_attention.c's header)."""
     table = segment_table(segments)
     entries = [seg.slot.shared if seg.slot.shared is not None and seg.slot.shared.keys else None
                for seg in segments]
@@ -287,7 +312,9 @@ def native_table(segments: list[Segment]) -> torch.Tensor:
         return table.contiguous()
     none = [0] * (2 * len(segments[0].slot.keys))
     shared = torch.tensor([e.addresses if e is not None else none for e in entries], dtype=torch.int64).t()
-    meta = torch.tensor([[e.length if e is not None else 0 for e in entries]] * 2, dtype=torch.int64)
+    # the rows each slot shares with its entry, then the entry's row count (its buffers' stride)
+    meta = torch.tensor([[seg.slot.shared_len if e is not None else 0 for seg, e in zip(segments, entries)],
+                         [e.length if e is not None else 0 for e in entries]], dtype=torch.int64)
     return torch.cat([table, shared, meta]).contiguous()
 
 

@@ -8,6 +8,8 @@ tokens in all, alongside every decoding sequence's rows, so one long document ne
 the others for its whole prompt. A prompt's shared prefix (instruction + schema) is taken
 from the prefix cache when there; when several admitted sequences share a prefix that is not
 cached yet, the first computes it and the others wait for it instead of computing it again.
+A prefix not cached starts from the longest start of it that a cached one shares (the
+instruction, and the first fields where another schema begins with the same ones).
 """
 
 from __future__ import annotations
@@ -75,20 +77,33 @@ class Scheduler:
         return tuple(seq.prompt[:seq.prefix_len])
 
     def _take_prefix(self, seq: Sequence) -> None:
+        """Copy `seq`'s prefix from the cache when there; else the longest start of it that a
+        cached entry shares (another schema's prompt with the same instruction and first
+        fields), once, before it computes anything."""
         key = self.prefix_key(seq)
-        if key is None or seq.cached:
-            return
+        if key is None or seq.cached >= seq.prefix_len or (seq.cached and seq.stats.prefix_tokens != seq.cached):
+            return  # nothing to take, or it has computed part of its prompt itself
         entry = self.kv.prefix.get(key)
         if entry is not None:
             seq.slot.copy_prefix_from(entry)
+            self.kv.prefix.reused_tokens += entry.length - seq.cached
             seq.cached = entry.length
             seq.stats.prefix_tokens = entry.length
             self.kv.prefix.hits += 1
-            self.kv.prefix.reused_tokens += entry.length
             self._maybe_decode(seq)
-        elif key not in self._computing:
+            return
+        if key not in self._computing:
             self._computing[key] = seq.id
             self.kv.prefix.misses += 1
+        if not seq.cached:
+            start, n = self.kv.prefix.longest_start(key)
+            # at least its last prefix token is computed here, so that the prefix reaches its end in
+            # `prefilled` (where the sequence computing it keeps it)
+            n = min(n, seq.prefix_len - 1, seq.prefill_target - 1)
+            if n >= MIN_PREFIX_TOKENS:
+                seq.slot.copy_prefix_from(start, n)
+                seq.cached = seq.stats.prefix_tokens = n
+                self.kv.prefix.reused_tokens += n
 
     # --- prefill ---------------------------------------------------------------------------
 
@@ -101,7 +116,7 @@ class Scheduler:
             if seq.phase is not Phase.PREFILL or seq.cancelled:
                 continue
             key = self.prefix_key(seq)
-            if key is not None and not seq.cached:
+            if key is not None and seq.cached < seq.prefix_len:
                 self._take_prefix(seq)  # cached meanwhile by the sequence computing it?
                 owner = self._computing.get(key)
                 if owner is not None and owner != seq.id:

@@ -145,15 +145,47 @@ def test_reused_prompt_kv_gives_the_same_output_as_a_fresh_prefill(tiny_loaded):
     from structspec.engine.engine import Engine, Request
 
     fresh, memo = Engine(tiny_loaded, kernel_backend="torch"), Engine(tiny_loaded, kernel_backend="torch")
-    for row in deepjsoneval_rows(2):
+    rows = deepjsoneval_rows(2)
+    for row in rows:
         base = run(fresh, row["schema"], row["text"], max_tokens=32)
         for i, strategy in enumerate(("none", "composite", "ngram", "none")):
             opts = RequestOptions(strategy=strategy, draft_len=8, max_tokens=32)
             [res] = memo.run([Request(row["schema"], row["text"], opts, reuse_prompt=True)])
             assert res.tokens == base.tokens, (row["id"], strategy)
             prompt = res.stats.prompt_tokens - 1  # the last prompt token is fed by the first decode step
-            # the first run computes the prompt, the later ones take all of it from the prefix cache
-            assert (res.stats.prefill_tokens, res.stats.prefix_tokens) == ((prompt, 0) if i == 0 else (0, prompt))
+            # the first run computes the prompt (the second document: past the start it shares with
+            # the first's cached prefix, the instruction at least), the later ones take all of it
+            if i == 0:
+                assert res.stats.prefill_tokens + res.stats.prefix_tokens == prompt
+                assert (res.stats.prefix_tokens == 0) == (row is rows[0]), res.stats.prefix_tokens
+            else:
+                assert (res.stats.prefill_tokens, res.stats.prefix_tokens) == (0, prompt)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_a_prompt_that_begins_as_a_cached_one_reuses_that_start_with_a_fresh_prefills_output(tiny_loaded, backend):
+    """Two schemas whose prompts share the instruction and first field: once the first's prefix
+    is cached, the second copies the start they share (the native attention then reads it from
+    the entry, whose buffers are longer than that start) and computes the rest of its prompt;
+    its output is a fresh engine's."""
+    from structspec.engine.engine import Engine
+
+    name_age = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                "required": ["name", "age"]}
+    name_city = {"type": "object", "properties": {"name": {"type": "string"}, "city": {"type": "string"}},
+                 "required": ["name", "city"]}
+    doc = "Ada Lovelace, 36, of London"
+    warm = Engine(tiny_loaded, kernel_backend=backend)
+    first = run(warm, name_age, doc, max_tokens=24)
+    got = run(warm, name_city, doc, max_tokens=24)
+    want = run(Engine(tiny_loaded, kernel_backend=backend), name_city, doc, max_tokens=24)
+    assert got.tokens == want.tokens and got.tokens
+    prompt = got.stats.prompt_tokens - 1  # the last prompt token is fed by the first decode step
+    assert first.stats.prefix_tokens == 0 and want.stats.prefix_tokens == 0
+    assert got.stats.prefix_tokens >= 16 and got.stats.prefill_tokens > 0
+    assert got.stats.prefix_tokens + got.stats.prefill_tokens == prompt
+    again = run(warm, name_city, doc, max_tokens=24)  # now its own prefix is cached: all of it is taken
+    assert again.tokens == want.tokens and again.stats.prefix_tokens > got.stats.prefix_tokens
 
 
 def test_successful_results_validate_against_schema(tiny_engine):

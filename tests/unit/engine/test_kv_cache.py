@@ -4,6 +4,7 @@ is named no more."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from structspec.engine.kv_cache import KVCache, KVLayout, LayerShape, Segment, Slot, native_table, segment_table
@@ -45,6 +46,28 @@ def test_slots_name_the_entry_they_share_until_it_is_evicted():
     assert len(kv.prefix) == 0 and entry.keys == [] and entry.values == []
     assert torch.equal(native_table(segments), base)  # the slots read their own copies again
 
+
+
+def test_a_slot_sharing_the_start_of_an_entry_names_how_much_it_shares_and_the_entrys_stride():
+    """A prompt that begins as a cached prefix does (another schema with the same instruction and
+    first fields) copies that start: the table gives the native attention the rows it shares and
+    the entry's own row count, the stride of the entry's buffers."""
+    kv = KVCache(LAYOUT, 1 << 20, lambda capacity: Slot(LAYOUT, capacity, CPU), prefix_max_bytes=1 << 20)
+    first = filled(kv, 10)
+    kv.remember_prefix(tuple(range(10)), first)
+    entry, n = kv.prefix.longest_start(tuple(range(6)) + (99, 98, 97))
+    assert entry is first.shared and n == 6
+    assert kv.prefix.longest_start((5, 6)) == (None, 0)
+    second = kv.allocate(32)
+    second.copy_prefix_from(entry, n)
+    assert second.length == 6 and second.shared is entry and second.shared_len == 6
+    for got, want in zip(second.keys + second.values, first.keys + first.values):
+        assert torch.equal(got[:, :6], want[:, :6])
+    table = native_table([Segment(first, 0, 1, 10), Segment(second, 1, 3, 6)])
+    assert table[-2:].tolist() == [[10, 6], [10, 10]]  # rows shared, then the entry's stride
+    for bad in (0, 11):
+        with pytest.raises(ValueError, match="of a 10-token prefix entry"):
+            second.copy_prefix_from(entry, bad)
 
 
 def test_the_native_attention_takes_every_segment_of_a_step_in_one_table():
