@@ -315,16 +315,22 @@ static inline const uint16_t *key_run(const char *keys, const char *skeys, const
 #endif
 
 #if DPBF16
-#define QG 4 /* queries per pass of pv_bf16: 4 x DV / 16 accumulators stay in registers */
+/* queries per pass of pv_bf16: QG x DV / 16 accumulators, with a value row's DV / 16 vectors and
+ * a broadcast probability, stay in the 32 registers */
+#define QG (DV <= 32 ? 8 : DV <= 64 ? 6 : DV <= 96 ? 4 : 3)
 /* acc[m][0:DV] = sum over keys n < span of p[m][n] * value[lo + n], for m < nq (<= QG) queries of
  * probabilities p (rows `ps` apart), values bf16 read where rows_at says. Each value row is read
  * once per pass and widened to fp32 in registers (no converted copy in memory: at a decode row's
- * 3 queries the copy cost more than the products); one chain per accumulator lane, keys in order,
- * so a query's sums do not depend on the other queries of the pass. `stream`: the item's first
- * pass over these values (which prefetches ahead, see PREFETCH_VALUES). */
+ * 3 queries the copy cost more than the products), 32 dims at a time without a shuffle: the
+ * even dims by a shift, the odd ones by masking off the low half, so accumulator c holds dims of
+ * one parity and the result is interleaved back once at the end (a last 16 dims of DV % 32 are
+ * widened in order). One chain per dim, keys in
+ * order, so a query's sums do not depend on the other queries of the pass. `stream`: the item's
+ * first pass over these values (which prefetches ahead, see PREFETCH_VALUES). */
 static inline void pv_bf16(const char *values, const char *svalues, int64_t shared, int64_t lo, int64_t span,
                            const float *p, int64_t ps, int64_t nq, float *acc, int stream) {
-    __m512 a[QG][DV / 16];
+    __m512 a[QG][DV / 16]; /* a[m][2h]: dims 32h + 0, 2, .., 30; a[m][2h + 1]: dims 32h + 1, 3, .., 31 */
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     for (int m = 0; m < QG; m++)
         for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < span; b += 16) {
@@ -340,9 +346,15 @@ static inline void pv_bf16(const char *values, const char *svalues, int64_t shar
 #endif
         for (int64_t n = 0; n < nb; n++) {
             __m512 x[DV / 16];
-            for (int c = 0; c < DV / 16; c++)
-                x[c] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vb + n * DV + c * 16))), 16));
+            for (int h = 0; h < DV / 32; h++) {
+                __m512i w = _mm512_loadu_si512(vb + n * DV + h * 32);
+                x[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+                x[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+            }
+#if DV % 32 /* the last 16 dims, in order */
+            x[DV / 16 - 1] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vb + n * DV + DV - 16))), 16));
+#endif
             for (int m = 0; m < QG; m++) {
                 if (m >= nq) break;
                 __m512 pm = _mm512_set1_ps(p[m * ps + b + n]);
@@ -350,8 +362,17 @@ static inline void pv_bf16(const char *values, const char *svalues, int64_t shar
             }
         }
     }
+    const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
     for (int64_t m = 0; m < nq; m++)
-        for (int c = 0; c < DV / 16; c++) _mm512_storeu_ps(acc + m * DV + c * 16, a[m][c]);
+        for (int h = 0; h < DV / 32; h++) {
+            _mm512_storeu_ps(acc + m * DV + h * 32, _mm512_permutex2var_ps(a[m][2 * h], lo_idx, a[m][2 * h + 1]));
+            _mm512_storeu_ps(acc + m * DV + h * 32 + 16,
+                             _mm512_permutex2var_ps(a[m][2 * h], hi_idx, a[m][2 * h + 1]));
+        }
+#if DV % 32
+    for (int64_t m = 0; m < nq; m++) _mm512_storeu_ps(acc + m * DV + DV - 16, a[m][DV / 16 - 1]);
+#endif
 }
 #endif
 
