@@ -236,8 +236,11 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_table:
 
 def attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_bufs: list[torch.Tensor],
                         v_bufs: list[torch.Tensor], starts: list[int], rows: list[int], pasts: list[int],
-                        scale: float | None = None, window: int | None = None) -> torch.Tensor:
-    """What `attend` computes, one sequence at a time with explicit masks (writes the buffers too)."""
+                        scale: float | None = None, window: int | None = None,
+                        p_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """What `attend` computes, one sequence at a time with explicit masks (writes the buffers too).
+    p_dtype: the softmax's probabilities rounded to it before P.V, normalised by the sum of the
+    unrounded ones (as the bf16 kernels' P.V: this file's on a GPU, cpu_attention.c's)."""
     out = query.new_empty(query.shape[0], query.shape[1], value.shape[2])
     group = query.shape[1] // key.shape[1]
     for k_buf, v_buf, start, n, past in zip(k_bufs, v_bufs, starts, rows, pasts):
@@ -251,6 +254,13 @@ def attention_reference(query: torch.Tensor, key: torch.Tensor, value: torch.Ten
             seen &= k_pos > q_pos - window
         keys = k_buf[:, :past + n].repeat_interleave(group, 0)
         values = v_buf[:, :past + n].repeat_interleave(group, 0)
-        out[own] = F.scaled_dot_product_attention(query[own].transpose(0, 1), keys, values,
-                                                  attn_mask=seen.to(query.device), scale=scale).transpose(0, 1)
+        if p_dtype is None:
+            out[own] = F.scaled_dot_product_attention(query[own].transpose(0, 1), keys, values,
+                                                      attn_mask=seen.to(query.device), scale=scale).transpose(0, 1)
+            continue
+        q = query[own].transpose(0, 1).float()
+        s = (q @ keys.float().transpose(1, 2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+        s = s.masked_fill(~seen.to(query.device), float("-inf"))
+        p = (s - s.amax(-1, keepdim=True)).exp()
+        out[own] = ((p.to(p_dtype).float() @ values.float()) / p.sum(-1, keepdim=True)).transpose(0, 1).to(out.dtype)
     return out

@@ -315,22 +315,22 @@ static inline const uint16_t *key_run(const char *keys, const char *skeys, const
 #endif
 
 #if DPBF16
-/* queries per pass of pv_bf16: QG x DV / 16 accumulators, with a value row's DV / 16 vectors and
- * a broadcast probability, stay in the 32 registers */
+/* queries per pass of pv_bf16: QG x DV / 16 accumulators, with a key pair's DV / 16 vectors and a
+ * broadcast probability pair, stay in the 32 registers */
 #define QG (DV <= 32 ? 8 : DV <= 64 ? 6 : DV <= 96 ? 4 : 3)
-/* acc[m][0:DV] = sum over keys n < span of p[m][n] * value[lo + n], for m < nq (<= QG) queries of
- * probabilities p (rows `ps` apart), values bf16 read where rows_at says. Each value row is read
- * once per pass and widened to fp32 in registers (no converted copy in memory: at a decode row's
- * 3 queries the copy cost more than the products), 32 dims at a time without a shuffle: the
- * even dims by a shift, the odd ones by masking off the low half, so accumulator c holds dims of
- * one parity and the result is interleaved back once at the end (a last 16 dims of DV % 32 are
- * widened in order). One chain per dim, keys in
+/* acc[m][0:DV] = sum over keys n < span of pb[m][n] * value[lo + n], for m < nq (<= QG) queries of
+ * bf16 probabilities pb (rows `ps` apart, zero past the span up to an even count), values bf16
+ * read where rows_at says: vdpbf16ps on two keys at a time, each lane the pair (value[n][d],
+ * value[n + 1][d]) against (pb[n], pb[n + 1]). The probabilities are rounded to bf16 as the GPU
+ * kernel's P.V rounds them (kernels/attention.py); the products are exact and summed in fp32. The
+ * pairs come from interleaving two value rows (unpacklo/hi: 32 dims give two vectors whose lanes
+ * hold dims 8j + 0..3 and 8j + 4..7), so the accumulators are put back in dim order once at the
+ * end; a last 16 dims (DV % 32) are paired by widening, in order. One chain per dim, key pairs in
  * order, so a query's sums do not depend on the other queries of the pass. `stream`: the item's
  * first pass over these values (which prefetches ahead, see PREFETCH_VALUES). */
 static inline void pv_bf16(const char *values, const char *svalues, int64_t shared, int64_t lo, int64_t span,
-                           const float *p, int64_t ps, int64_t nq, float *acc, int stream) {
-    __m512 a[QG][DV / 16]; /* a[m][2h]: dims 32h + 0, 2, .., 30; a[m][2h + 1]: dims 32h + 1, 3, .., 31 */
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+                           const uint16_t *pb, int64_t ps, int64_t nq, float *acc, int stream) {
+    __m512 a[QG][DV / 16];
     for (int m = 0; m < QG; m++)
         for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_setzero_ps();
     for (int64_t b = 0; b < span; b += 16) {
@@ -344,35 +344,51 @@ static inline void pv_bf16(const char *values, const char *svalues, int64_t shar
 #else
         (void)stream;
 #endif
-        for (int64_t n = 0; n < nb; n++) {
-            __m512 x[DV / 16];
+        for (int64_t n = 0; n < nb; n += 2) {
+            const uint16_t *r0 = vb + n * DV;
+            const int second = n + 1 < nb; /* else the odd key out pairs with zeros (never read past the span) */
+            __m512bh x[DV / 16];
             for (int h = 0; h < DV / 32; h++) {
-                __m512i w = _mm512_loadu_si512(vb + n * DV + h * 32);
-                x[2 * h] = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
-                x[2 * h + 1] = _mm512_castsi512_ps(_mm512_and_si512(w, high));
+                __m512i v0 = _mm512_loadu_si512(r0 + h * 32);
+                __m512i v1 = second ? _mm512_loadu_si512(r0 + DV + h * 32) : _mm512_setzero_si512();
+                x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(v0, v1);
+                x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
             }
-#if DV % 32 /* the last 16 dims, in order */
-            x[DV / 16 - 1] = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vb + n * DV + DV - 16))), 16));
+#if DV % 32
+            {
+                __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + DV - 16)));
+                __m512i w1 = second ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + 2 * DV - 16)))
+                                    : _mm512_setzero_si512();
+                x[DV / 16 - 1] = (__m512bh)_mm512_or_si512(w0, _mm512_slli_epi32(w1, 16));
+            }
 #endif
             for (int m = 0; m < QG; m++) {
                 if (m >= nq) break;
-                __m512 pm = _mm512_set1_ps(p[m * ps + b + n]);
-                for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_fmadd_ps(pm, x[c], a[m][c]);
+                int32_t pair;
+                memcpy(&pair, pb + m * ps + b + n, 4);
+                __m512bh pp = (__m512bh)_mm512_set1_epi32(pair);
+                for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_dpbf16_ps(a[m][c], pp, x[c]);
             }
         }
     }
-    const __m512i lo_idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i hi_idx = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int64_t m = 0; m < nq; m++)
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    for (int64_t m = 0; m < nq; m++) {
         for (int h = 0; h < DV / 32; h++) {
-            _mm512_storeu_ps(acc + m * DV + h * 32, _mm512_permutex2var_ps(a[m][2 * h], lo_idx, a[m][2 * h + 1]));
+            _mm512_storeu_ps(acc + m * DV + h * 32, _mm512_permutex2var_ps(a[m][2 * h], first, a[m][2 * h + 1]));
             _mm512_storeu_ps(acc + m * DV + h * 32 + 16,
-                             _mm512_permutex2var_ps(a[m][2 * h], hi_idx, a[m][2 * h + 1]));
+                             _mm512_permutex2var_ps(a[m][2 * h], second, a[m][2 * h + 1]));
         }
 #if DV % 32
-    for (int64_t m = 0; m < nq; m++) _mm512_storeu_ps(acc + m * DV + DV - 16, a[m][DV / 16 - 1]);
+        _mm512_storeu_ps(acc + m * DV + DV - 16, a[m][DV / 16 - 1]);
 #endif
+    }
+}
+
+/* pb[0:n] = x[0:n] rounded to bf16 (to nearest even), n a multiple of 32 */
+static inline void to_bf16(const float *x, uint16_t *pb, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32)
+        _mm512_storeu_si512(pb + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
 }
 #endif
 
@@ -452,6 +468,10 @@ static inline __attribute__((always_inline)) void attend_item(
     float *qs = aligned_alloc(64, sizeof(float) * (block_at + NB * (D > DV ? D : DV)));
     float *scores = qs + nq * D, *acc = scores + nq * padded, *inv = acc + nq * DV;
     float *block = qs + block_at; /* aligned: its vector loads never straddle a cache line */
+#if DPBF16
+    uint16_t *pb = NULL; /* the probabilities in bf16 [nq][padded], for pv_bf16 */
+    if (kv_bf16) pb = aligned_alloc(64, sizeof(uint16_t) * nq * padded);
+#endif
     const int direct = DPBF16 && kv_bf16 && in_bf16; /* q.K from bf16 queries and keys as they are */
     if (!direct) /* else the queries are read as bf16 below, and qs is not used */
         for (int hl = 0; hl < group; hl++)
@@ -571,12 +591,16 @@ static inline __attribute__((always_inline)) void attend_item(
             l += p;
         }
         inv[qi] = 1.0f / l;
+#if DPBF16
+        if (kv_bf16) to_bf16(s, pb + qi * padded, padded);
+#endif
     }
 #if DPBF16
     if (kv_bf16) { /* P.V straight from bf16 values, QG queries at a time (see pv_bf16) */
         for (int64_t q0 = 0; q0 < nq; q0 += QG)
-            pv_bf16(values, svalues, shared, lo, span, scores + q0 * padded, padded, nq - q0 < QG ? nq - q0 : QG,
+            pv_bf16(values, svalues, shared, lo, span, pb + q0 * padded, padded, nq - q0 < QG ? nq - q0 : QG,
                     acc + q0 * DV, q0 == 0);
+        free(pb);
     } else
 #endif
     for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
@@ -678,6 +702,7 @@ void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k,
 
 int structspec_attend_dims(void) { return D * 10000 + DV; }
 int structspec_attend_version(void) { return 2; } /* 2: the shared-prefix rows */
+int structspec_attend_p_bf16(void) { return DPBF16; } /* 1: P.V of bf16 KV rounds P to bf16 (pv_bf16) */
 int structspec_attend_amx(void) { /* 1 when q.K runs on the matrix units (AMX) */
 #if AMX
     return amx_usable();
