@@ -328,8 +328,9 @@ static inline const uint16_t *key_run(const char *keys, const char *skeys, const
  * end; a last 16 dims (DV % 32) are paired by widening, in order. One chain per dim, key pairs in
  * order, so a query's sums do not depend on the other queries of the pass. `stream`: the item's
  * first pass over these values (which prefetches ahead, see PREFETCH_VALUES). */
-static inline void pv_bf16(const char *values, const char *svalues, int64_t shared, int64_t lo, int64_t span,
-                           const uint16_t *pb, int64_t ps, int64_t nq, float *acc, int stream) {
+static inline __attribute__((always_inline)) void pv_bf16(const char *values, const char *svalues, int64_t shared,
+                                                          int64_t lo, int64_t span, const uint16_t *pb, int64_t ps,
+                                                          const int nq, float *acc, int stream) {
     __m512 a[QG][DV / 16];
     for (int m = 0; m < QG; m++)
         for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_setzero_ps();
@@ -597,9 +598,24 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 #if DPBF16
     if (kv_bf16) { /* P.V straight from bf16 values, QG queries at a time (see pv_bf16) */
-        for (int64_t q0 = 0; q0 < nq; q0 += QG)
-            pv_bf16(values, svalues, shared, lo, span, pb + q0 * padded, padded, nq - q0 < QG ? nq - q0 : QG,
-                    acc + q0 * DV, q0 == 0);
+        for (int64_t q0 = 0; q0 < nq; q0 += QG) {
+            const uint16_t *pq = pb + q0 * padded;
+            float *aq = acc + q0 * DV;
+            switch (nq - q0 < QG ? nq - q0 : QG) { /* a literal count each: the query loop unrolled */
+#define PV_CASE(c) case c: pv_bf16(values, svalues, shared, lo, span, pq, padded, c, aq, q0 == 0); break;
+            PV_CASE(1) PV_CASE(2) PV_CASE(3)
+#if QG > 3
+            PV_CASE(4)
+#endif
+#if QG > 4
+            PV_CASE(5) PV_CASE(6)
+#endif
+#if QG > 6
+            PV_CASE(7) PV_CASE(8)
+#endif
+#undef PV_CASE
+            }
+        }
         free(pb);
     } else
 #endif
