@@ -150,8 +150,7 @@ class Engine:
         layers = [m for m in self.loaded.model.modules() if isinstance(m, PackedLinear)]
         lean = getattr(self.runner, "lean", None)
         if lean is not None:
-            layers += [m for layer in lean.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)
-                       if isinstance(m, PackedLinear)]
+            layers += [m for m in lean.linear_modules() if isinstance(m, PackedLinear)]
         native = sum(m.uses_native() for m in layers)
         if not layers:
             return "torch"

@@ -162,10 +162,14 @@ class LeanForward:
         pack = pack and can_pack(model, linear) is None
         return cls(model, pack, ops, linear if pack else None), ""
 
+    def linear_modules(self) -> list:
+        """The linear modules this forward runs: each fused layer's qkv, o, gate_up and down, and
+        the lm_head."""
+        return [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
+
     def packed_linears(self) -> int:
         """Linear layers this forward runs through prepacked weights (the fused ones count once)."""
-        layers = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        return sum(isinstance(m, PackedLinear) for m in layers + [self.lm_head])
+        return sum(isinstance(m, PackedLinear) for m in self.linear_modules())
 
     def release(self) -> None:
         """Give the model's layers back to its own forward: their projections packed again where
