@@ -1,0 +1,31 @@
+"""structspec.bench.attention: its table on tiny steps, with a second build beside this one, and
+its errors for bad arguments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from structspec.bench import attention
+
+
+def test_the_table_times_each_step_for_this_build_and_another(capsys):
+    source = Path(attention.__file__).resolve().parents[2] / "kernels" / "cpu_attention.c"
+    attention.main(["--shapes", "4x1@512,1x3@20", "--layers", "2", "--against", str(source)])
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| 4x1@512 |") or line.startswith("| 1x3@20 |")]
+    assert len(rows) == 2
+    # the KV a step reads: sequences x (past + rows) x layers x 3 kv heads x 64 dims x K and V x 2 bytes
+    assert rows[0].split("|")[2].strip() == "3 MB"  # 4 x 513 x 2 x 3 x 64 x 2 x 2 bytes
+    assert all(cell.strip().endswith("x") for cell in (r.split("|")[-2] for r in rows))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--shapes", "16by1"], "is not SEQSxROWS@PAST"),
+    (["--shapes", "0x1@5"], "needs at least one sequence"),
+    (["--against", "/nonexistent/old.c"], "no file"),
+])
+def test_bad_arguments_are_named(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        attention.main(argv)
