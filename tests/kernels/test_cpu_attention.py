@@ -24,11 +24,18 @@ def p_dtype(lib, kv_dtype):
     return torch.bfloat16 if lib.p_bf16 and kv_dtype == torch.bfloat16 else None
 
 
-def assert_p_rounded(out, exact, rounded, value_buffers):
-    """`out` of a P.V with P rounded to bf16: within the rounding's bound of the `exact` reference
-    (each probability moves by at most 2^-9 of itself, so an output by at most 2^-9 of the largest
-    value it weighs), and equal to the `rounded` one up to fp32 reassociation except where a
-    probability lay within that reassociation of a bf16 rounding boundary (a few outputs)."""
+def assert_matches_reference(out, reference, rounding, value_buffers):
+    """`out` against `reference(p_dtype)`, an attention_reference call.
+    With no rounding of P: within 2e-5 (fp32 reassociation). With P rounded to bf16: within the
+    rounding's bound of the exact reference (each probability moves by at most 2^-9 of itself, so
+    an output by at most 2^-9 of the largest value it weighs), and equal to the rounded one up to
+    fp32 reassociation except where a probability lay within that reassociation of a bf16 rounding
+    boundary (a few outputs)."""
+    exact = reference(None)
+    if rounding is None:
+        assert (out - exact).abs().max().item() <= 2e-5
+        return
+    rounded = reference(rounding)
     largest = max(b.float().abs().max().item() for b in value_buffers)
     assert (out - exact).abs().max().item() <= 2e-5 + 2 ** -9 * largest
     close = (out - rounded).abs() <= 2e-5
@@ -73,14 +80,10 @@ def test_native_attention_matches_the_reference_and_writes_only_the_new_rows(dty
     lib = load(dim, dim_v)
     lib.attend(q, k, v, out, table, 3, layer, dim ** -0.5, window, kv_dtype)
     # fp32 arithmetic on the same (rounded) inputs: fp32 reassociation is the only difference
-    exact = attention_reference(q.float(), k.float(), v.float(), ref_k, ref_v, starts, rows, pasts, window=window)
-    rounding = p_dtype(lib, kv_dtype)
-    if rounding is None:
-        assert (out - exact).abs().max().item() <= 2e-5
-    else:
-        assert_p_rounded(out, exact, attention_reference(q.float(), k.float(), v.float(), [b.clone() for b in ref_k],
-                                                         [b.clone() for b in ref_v], starts, rows, pasts, window=window,
-                                                         p_dtype=rounding), ref_v)
+    # (the reference writes the new rows into ref_k, ref_v: the same rows each call)
+    assert_matches_reference(out, lambda rounding: attention_reference(
+        q.float(), k.float(), v.float(), ref_k, ref_v, starts, rows, pasts, window=window, p_dtype=rounding),
+        p_dtype(lib, kv_dtype), ref_v)
     # the new rows landed at [past, past + rows) of this layer's buffers, exactly; nothing else moved
     for got, expected in zip(keys[layer] + values[layer], ref_k + ref_v):
         assert torch.equal(got.float(), expected)
@@ -185,16 +188,9 @@ def test_a_shared_prefix_is_read_from_its_entry_with_the_same_results(dtype, kv_
     for j in (3, 5):
         ref_k[j][:, :128] = other_k[1][:, :128]
         ref_v[j][:, :128] = other_v[1][:, :128]
-    args = (q.float(), k.float(), v.float(), [b.float() for b in ref_k], [b.float() for b in ref_v], starts, rows,
-            pasts)
-    exact = attention_reference(*args, scale=0.125, window=window)
-    rounding = p_dtype(lib, kv_dtype)
-    if rounding is None:
-        assert (got - exact).abs().max().item() <= 2e-5
-    else:
-        rounded = attention_reference(*args[:3], [b.float() for b in ref_k], [b.float() for b in ref_v], *args[5:],
-                                      scale=0.125, window=window, p_dtype=rounding)
-        assert_p_rounded(got, exact, rounded, ref_v)
+    assert_matches_reference(got, lambda rounding: attention_reference(
+        q.float(), k.float(), v.float(), [b.float() for b in ref_k], [b.float() for b in ref_v], starts, rows, pasts,
+        scale=0.125, window=window, p_dtype=rounding), p_dtype(lib, kv_dtype), ref_v)
     changed = [starts[j] + i for j in (3, 5) for i in range(rows[j])]
     same = [t for t in range(q.shape[0]) if t not in changed]
     assert torch.equal(got[same], plain[same]) and not torch.equal(got[changed], plain[changed])
@@ -221,15 +217,10 @@ def test_bf16_q_k_runs_on_the_matrix_units_where_the_cpu_has_them_with_the_same_
         out = torch.empty(q.shape[0], 9, 64)
         lib.attend(q, k, v, out, table, 3, 2, 0.125, kv_dtype=torch.bfloat16, threads=threads)
         outs.append(out)
-    def reference(rounding):
-        return attention_reference(q.float(), k.float(), v.float(), [b.float() for b in keys[2]],
-                                   [b.float() for b in values[2]], starts, rows, pasts, scale=0.125, p_dtype=rounding)
-
     # rows of 8 over 3 heads: 24 queries, two tiles
-    if lib.p_bf16:
-        assert_p_rounded(outs[0], reference(None), reference(torch.bfloat16), values[2])
-    else:
-        assert (outs[0] - reference(None)).abs().max().item() <= 2e-5
+    assert_matches_reference(outs[0], lambda rounding: attention_reference(
+        q.float(), k.float(), v.float(), [b.float() for b in keys[2]], [b.float() for b in values[2]], starts, rows,
+        pasts, scale=0.125, p_dtype=rounding), p_dtype(lib, torch.bfloat16), values[2])
     assert torch.equal(outs[0], outs[1])
 
 
