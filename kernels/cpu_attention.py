@@ -55,6 +55,10 @@ class NativeAttention:
         self._fn = fn
         self._lib = lib
 
+    def entry_point(self) -> int:
+        """The address of structspec_attend (for kernels/cpu_forward.c, which calls it from C)."""
+        return native.address(self._fn)
+
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
                table: torch.Tensor, layers: int, layer: int, scale: float, window: int | None = None,
                kv_dtype: torch.dtype = torch.float32, threads: int | None = None, check: bool = True) -> None:

@@ -190,6 +190,16 @@ void structspec_silu_mul(const void *gu, int64_t gs, void *out, int64_t os, int6
     }
 }
 
+/* dst[i] = src[i] rounded to bf16 (nearest even; NaN: a quiet NaN), as torch's fp32 -> bf16 .to() */
+void structspec_round_bf16(const float *src, uint16_t *dst, int64_t n, int threads) {
+    int64_t vectors = (n + W - 1) / W;
+    #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(vectors, W, threads))
+    for (int64_t v = 0; v < vectors; v++) {
+        int64_t i = v * W;
+        store(dst, i, n - i, load(src, i, n - i, 0), 1);
+    }
+}
+
 /* Greedy verification's masked argmax over the logits. For each of n rows (rows[i], or i when
  * rows is NULL) of logits [*, vocab] (row stride ls) and its grammar mask (int32 words, row
  * stride ms; bit t % 32 of word t / 32 set: token t allowed): over the allowed tokens whose logit
@@ -255,4 +265,4 @@ void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mas
     }
 }
 
-int structspec_layer_version(void) { return 2; }
+int structspec_layer_version(void) { return 3; }

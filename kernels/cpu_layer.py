@@ -61,7 +61,7 @@ class LayerOps:
     def __init__(self, path: Path):
         self.path = path
         lib = ctypes.CDLL(str(path))
-        if lib.structspec_layer_version() != 2:
+        if lib.structspec_layer_version() != 3:
             raise RuntimeError(f"{path} is another version of {SOURCE.name}")
         i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self._norm = lib.structspec_add_rms_norm
@@ -72,7 +72,9 @@ class LayerOps:
         self._silu.argtypes = [ptr, i64, ptr, i64, i64, i64, c_int, c_int]
         self._argmax = lib.structspec_masked_argmax
         self._argmax.argtypes = [ptr, i64, ptr, i64, ptr, i64, i64, ptr, ptr, c_int, c_int]
-        for fn in (self._norm, self._rotary, self._silu, self._argmax):
+        self._round = lib.structspec_round_bf16
+        self._round.argtypes = [ptr, ptr, i64, c_int]
+        for fn in (self._norm, self._rotary, self._silu, self._argmax, self._round):
             fn.restype = None
         self._lib = lib
 
@@ -133,6 +135,20 @@ class LayerOps:
         self._silu(gate_up.data_ptr(), gate_up.stride(0), out.data_ptr(), out.stride(0), gate_up.shape[0], n,
                    int(gate_up.dtype == torch.bfloat16), threads or torch.get_num_threads())
         return out
+
+    def round_bf16(self, x: torch.Tensor, threads: int | None = None) -> torch.Tensor:
+        """A contiguous fp32 tensor rounded to bf16 (nearest even), as x.to(torch.bfloat16)."""
+        if x.dtype != torch.float32 or not x.is_contiguous() or x.device.type != "cpu":
+            raise ValueError(f"x must be a contiguous fp32 CPU tensor, got {x.dtype} on {x.device}")
+        out = torch.empty(x.shape, dtype=torch.bfloat16)
+        self._round(x.data_ptr(), out.data_ptr(), x.numel(), threads or torch.get_num_threads())
+        return out
+
+    def entry_points(self) -> dict[str, int]:
+        """The addresses of the add + RMSNorm, rotary, SiLU-and-multiply and bf16-rounding steps
+        (for kernels/cpu_forward.c, which calls them from C)."""
+        return {name: native.address(fn) for name, fn in
+                (("norm", self._norm), ("rotary", self._rotary), ("silu", self._silu), ("round", self._round))}
 
     def masked_argmax(self, logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None,
                       logz: bool = False, threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -69,6 +69,10 @@ class NativeLinear:
     def __reduce__(self):
         return NativeLinear, (self.path,)
 
+    def entry_point(self) -> int:
+        """The address of structspec_linear (for kernels/cpu_forward.c, which calls it from C)."""
+        return native.address(self._lib.structspec_linear)
+
     def pack(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
         """`weight` [n, k] (bf16, on the CPU, k even) in the kernel's order; `bias` [n] kept in fp32."""
         if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":

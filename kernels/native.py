@@ -11,6 +11,7 @@ the build fails; callers keep their torch path then.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import platform
@@ -71,3 +72,9 @@ def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None)
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def address(fn) -> int:
+    """The address of a loaded library's function (a ctypes function pointer), for C code that
+    calls it (kernels/cpu_forward.c)."""
+    return ctypes.cast(fn, ctypes.c_void_p).value

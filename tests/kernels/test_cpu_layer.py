@@ -168,6 +168,24 @@ def llama(dtype):
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
+@pytest.mark.parametrize("n", [1, 15, 16, 1000, 70000])
+def test_round_bf16_rounds_as_torch(n):
+    """Nearest even, ties included (the exact halfway values below), and inf, NaN, denormals;
+    70000 elements split over threads."""
+    x = rand(n, dtype=torch.float32, seed=n, scale=100.0)
+    bits = x.view(torch.int32)
+    bits[::3] = (bits[::3] & ~0xFFFF) | 0x8000  # halfway between two bf16 values: ties to even
+    x[::7] = torch.tensor([float("inf"), -float("inf"), 1e-40, -0.0, 3.0e38, float("nan"), 0.0])[
+        torch.arange(len(x[::7])) % 7]
+    got = load().round_bf16(x)
+    want = x.to(torch.bfloat16)
+    assert torch.equal(got.isnan(), want.isnan())
+    finite = ~want.isnan()
+    assert torch.equal(got[finite].view(torch.int16), want[finite].view(torch.int16))
+    with pytest.raises(ValueError, match="x must be a contiguous fp32 CPU tensor"):
+        load().round_bf16(x.to(torch.bfloat16))
+
+
 def prefill_and_decode(runner):
     """Logits of a 12-token first chunk, then of a 3-row verification step over it."""
     from structspec.engine.kv_cache import Segment
