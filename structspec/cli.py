@@ -168,7 +168,8 @@ def run_documents(engine, schema: dict, documents: list[tuple[str, object, list 
                                      "dtype_note": engine.loaded.dtype_note, "batched": engine.batched,
                                      "max_seqs": engine.scheduler.max_seqs,
                                      "forward": engine.forward_name, "attention": engine.runner.attention,
-                                     "layer_steps": engine.layer_steps, "verification": engine.verification,
+                                     "layer_steps": engine.layer_steps, "layer_loop": engine.layer_loop,
+                                     "verification": engine.verification,
                                      "packed_linears": engine.packed_linears, "linear": engine.linear}}), file=sys.stderr, flush=True)
     with tqdm(total=len(documents), desc="extract", unit="doc", file=sys.stderr, disable=not progress) as bar:
         return _run_documents(engine, schema, documents, opts, local, verbatim, show_stats, show_spans, bar, overlay,

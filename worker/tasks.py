@@ -91,11 +91,12 @@ class _Process:
         log.info("loading model %r", settings.model)
         engine = Engine.from_settings(settings)
         log.info("engine ready: %s, up to %d sequences per step, KV budget %d MiB, dtype %s, "
-                 "%s forward (%s layer steps, %s verification), %d linear layers prepacked (%s)",
+                 "%s forward (%s layer steps, %s layer loop, %s verification), %d linear layers prepacked (%s)",
                  f"batched ({engine.runner.attention} attention)" if engine.batched
                  else "one sequence per forward pass (model cannot batch)",
                  engine.scheduler.max_seqs, engine.kv.budget_bytes // (1 << 20),
-                 engine.loaded.dtype_note, engine.forward_name, engine.layer_steps, engine.verification,
+                 engine.loaded.dtype_note, engine.forward_name, engine.layer_steps, engine.layer_loop,
+                 engine.verification,
                  engine.packed_linears, engine.linear)
         return engine
 

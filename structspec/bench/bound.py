@@ -15,11 +15,13 @@
   with the linear layers prepacked (engine/packed.py), and prepacked through the lean forward
   (engine/lean.py), then that with the native attention (kernels/cpu_attention.c), then that
   with the layer's elementwise steps fused in C (kernels/cpu_layer.c), then that with the bf16
-  linear layers through kernels/cpu_linear.c where the engine picks it (the default);
+  linear layers through kernels/cpu_linear.c where the engine picks it, then that with the loop
+  over the layers in one C call (kernels/cpu_forward.c) where the engine picks it (the default);
   and a 512-token prefill chunk (logits of its last row only, as the
   engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (2 x parameters
   x tokens, attention left out: a lower estimate of the work);
-- with --profile, where the 16-sequence decode pass spends its time, by torch operator.
+- with --profile, where the 16-sequence decode pass spends its time, by part and by torch
+  operator (of the pass that loops in Python: its timers wrap the Python calls).
 
 A benchmark: run it alone (a test run beside it on 2 cores halves every figure).
 """
@@ -165,13 +167,14 @@ def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) 
 
 def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = False, packed: bool = True,
                   lean: bool = True, kernel_backend: str = "auto", fused: bool = True,
-                  native_linear: bool = True) -> dict:
+                  native_linear: bool = True, layer_loop: bool = True) -> dict:
     """The default model in `dtype`, its linear layers prepacked or not (engine/packed.py), through
     the lean forward (engine/lean.py) or its own, its attention as `kernel_backend` picks it
     ("torch": SDPA per sequence; "auto" on a CPU: the native kernel), the lean forward's
     elementwise steps fused in C where the engine picks that (`fused`; False: torch's), its bf16
     linear layers through kernels/cpu_linear.c where the engine picks that (`native_linear`;
-    False: oneDNN's packing)."""
+    False: oneDNN's packing), its layer loop in C where the engine picks that (`layer_loop`;
+    False: in Python)."""
     from unittest import mock
 
     from structspec.engine import engine as engine_module
@@ -187,6 +190,8 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     lean_forward = getattr(engine.runner, "lean", None)
     if lean_forward is not None and not fused:
         lean_forward.ops = None  # the same forward with torch's elementwise operators
+    if lean_forward is not None and not layer_loop:
+        lean_forward.layer_loop = None  # the same calls, looped over from Python
     passes = engine_passes(engine)
     bound_ms = nbytes / (bandwidth * 1e9) * 1000
     # 16 rows multiply every weight: at the measured decode-shaped GEMM rate that is a second
@@ -194,7 +199,7 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
     prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
     return {"dtype": dtype, "forward": engine.forward_name, "attention": engine.runner.attention,
-            "layer_steps": engine.layer_steps,
+            "layer_steps": engine.layer_steps, "layer_loop": engine.layer_loop,
             "packed_linears": engine.packed_linears, "linear": engine.linear,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),
@@ -219,14 +224,16 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
     out["bf16_over_fp32_gemm"] = round(b16 / f32, 2)
     # each dtype without, then with, prepacked linear layers, both through the model's own forward,
     # then prepacked through the lean forward, then that with the native attention, then that
-    # with the fused layer steps, then the engine's default (that, with the native linear kernel
-    # where the engine picks it): each step's gain in the same run
-    steps = ((False, False, "torch", False, False), (True, False, "torch", False, False),
-             (True, True, "torch", False, False), (True, True, "auto", False, False),
-             (True, True, "auto", True, False), (True, True, "auto", True, True))
-    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and native, packed, lean,
-                                   backend, fused, native)
-                     for d in dtypes for packed, lean, backend, fused, native in steps]
+    # with the fused layer steps, then that with the native linear kernel where the engine picks
+    # it, looping over the layers in Python, then the engine's default (that, with the layer loop
+    # in C where the engine picks it): each step's gain in the same run
+    steps = ((False, False, "torch", False, False, False), (True, False, "torch", False, False, False),
+             (True, True, "torch", False, False, False), (True, True, "auto", False, False, False),
+             (True, True, "auto", True, False, False), (True, True, "auto", True, True, False),
+             (True, True, "auto", True, True, True))
+    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and native and not loop, packed, lean,
+                                   backend, fused, native, loop)
+                     for d in dtypes for packed, lean, backend, fused, native, loop in steps]
     return out
 
 
@@ -243,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report, indent=1))
     for m in report["models"]:
         print(f"{m['dtype']} ({m['forward']} forward, {m['attention']} attention, {m['layer_steps']} layer steps, "
+              f"{m['layer_loop']} layer loop, "
               f"{m['packed_linears']} linear "
               f"layers prepacked, {m['linear']} linear): weights {m['weight_bytes'] / 1e6:.0f} MB, "
               f"read once in {m['weight_read_ms']} ms at {report['memory_gbps']} GB/s, 16 rows' GEMMs "

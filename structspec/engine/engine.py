@@ -164,6 +164,14 @@ class Engine:
         return "fused" if lean is not None and lean.ops is not None else "torch"
 
     @property
+    def layer_loop(self) -> str:
+        """Where a pass's loop over the decoder layers runs: "native" (one C call, kernels/cpu_forward.c)
+        or "python" (also the answer for the model's own forward)."""
+        lean = getattr(self.runner, "lean", None)
+        return "native" if lean is not None and lean.loops_natively() and self.runner.attention == "native" \
+            else "python"
+
+    @property
     def verification(self) -> str:
         """What computes greedy verification's masked argmax: "native" (kernels/cpu_layer.c, on a
         CPU), "triton" or "torch" (kernels' backends; sampled sequences always go there)."""

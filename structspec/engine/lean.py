@@ -134,7 +134,7 @@ class LeanForward:
     """`model`'s forward for packed rows, in fewer operator calls (module docstring). Build with
     `build()`, which says why a model cannot run it."""
 
-    def __init__(self, model, pack: bool, ops=None, linear=None):
+    def __init__(self, model, pack: bool, ops=None, linear=None, layer_loop=None):
         inner = model.model
         cfg = model.config
         self.model = model
@@ -151,16 +151,21 @@ class LeanForward:
         self.packed = pack
         self.linear = linear  # kernels.cpu_linear's library for the packed layers; None: oneDNN
         self.ops = ops  # kernels.cpu_layer.LayerOps: the elementwise steps fused in C; None: eager torch
+        # kernels.cpu_forward.ForwardLayers: with ops, the native attention and every GEMM through
+        # `linear`, a pass's whole layer loop in one C call; None: the loop in Python
+        self.layer_loop = layer_loop if [layer.index for layer in self.layers] == list(range(len(self.layers))) else None
+        self._plan, self._plan_for = None, ()
+        self._gemms = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
     @classmethod
-    def build(cls, model, pack: bool, ops=None, linear=None) -> tuple["LeanForward | None", str]:
-        """(the lean forward, "") or (None, why not); `ops` as LeanForward.ops; `linear`:
-        kernels.cpu_linear's library for the packed layers (engine/packed.py), where given."""
+    def build(cls, model, pack: bool, ops=None, linear=None, layer_loop=None) -> tuple["LeanForward | None", str]:
+        """(the lean forward, "") or (None, why not); `ops` and `layer_loop` as LeanForward's;
+        `linear`: kernels.cpu_linear's library for the packed layers (engine/packed.py), where given."""
         why = unsupported(model)
         if why is not None:
             return None, why
         pack = pack and can_pack(model, linear) is None
-        return cls(model, pack, ops, linear if pack else None), ""
+        return cls(model, pack, ops, linear if pack else None, layer_loop), ""
 
     def linear_modules(self) -> list:
         """The linear modules this forward runs: each fused layer's qkv, o, gate_up and down, and
@@ -214,6 +219,12 @@ class LeanForward:
         q_width, qk_width = h * d, (h + kvh) * d
         step = CURRENT.get()
         native = isinstance(step, Step) and step.attention == "native"
+        plan = self._layer_plan(step.native) if native and x.dtype == torch.bfloat16 else None
+        if plan is not None:  # the same calls as the loop below, made from C
+            y = self.layer_loop.run(plan, x, cos, sin, step.native_table(), step.segments[0].slot.keys[0].dtype,
+                                    self.scaling)
+            last = x[logits_rows] + y[logits_rows]
+            return self.lm_head(ops.add_rms_norm(last, None, self.norm, self.eps))
         y = None  # the last sublayer's output, not yet added to x
         for layer in self.layers:
             check = layer is self.layers[0]  # the C steps' argument checks: the same shapes every layer
@@ -232,3 +243,45 @@ class LeanForward:
             y = layer.down(ops.silu_mul(layer.gate_up(hidden), check=check))
         last = x[logits_rows] + y[logits_rows]
         return self.lm_head(ops.add_rms_norm(last, None, self.norm, self.eps))
+
+    def loops_natively(self) -> bool:
+        """Whether a pass with the native attention runs its layer loop in C: the loop library is
+        there, with the fused steps, and every layer's GEMMs run through the native kernel."""
+        return self.layer_loop is not None and self.ops is not None and all(
+            isinstance(m, PackedLinear) and m.uses_native()
+            for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+
+    def _layer_plan(self, attention):
+        """The layer loop's plan (kernels.cpu_forward.Plan) for `attention` (the step's
+        kernels.cpu_attention.NativeAttention), kept while every GEMM's packed weight stays the
+        same; None without a layer loop or where a GEMM does not run through the native kernel."""
+        if self.layer_loop is None:
+            return None
+        gemms = self._gemms
+        # the plan stands while the attention and every GEMM's weight tensor and its version do
+        # (read from _parameters: nn.Module's attribute lookup costs more than the rest of the check)
+        weights = [m._parameters["weight"] for m in gemms]
+        stamp = (attention, *zip(weights, map(_version, weights)))
+        if self._plan is not None and len(stamp) == len(self._plan_for) and stamp[0] is self._plan_for[0] and all(
+                w is was and v == v_was for (w, v), (was, v_was) in zip(stamp[1:], self._plan_for[1:])):
+            return self._plan
+        self._plan, self._plan_for = None, ()
+        packed = [m.native_packed() if isinstance(m, PackedLinear) else None for m in gemms]
+        if any(p is None for p in packed):
+            return None
+        from kernels.cpu_forward import LayerWeights
+
+        weights = [LayerWeights(layer.norm1, layer.eps1, *packed[4 * i:4 * i + 2], layer.norm2, layer.eps2,
+                                *packed[4 * i + 2:4 * i + 4]) for i, layer in enumerate(self.layers)]
+        self._plan = self.layer_loop.plan(self.linear, self.ops, attention, weights, self.heads, self.kv_heads,
+                                          self.layers[0].intermediate)
+        self._plan_for = stamp
+        return self._plan
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """t's in-place change counter (None for an inference tensor, which keeps none)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None

@@ -56,7 +56,8 @@ class PackedLinear(nn.Module):
             version = None
         return (w.data_ptr(), w.dtype, w.device, version)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _repack(self) -> None:
+        """Pack the weight again if it changed since it was packed (or was never packed)."""
         if self._packed_for != self._weight_key():
             w = self.weight.detach()
             self.packed = None
@@ -66,6 +67,15 @@ class PackedLinear(nn.Module):
                                              or (w.dtype == torch.bfloat16 and bf16_unpackable() is None)):
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS)
             self._packed_for = self._weight_key()
+
+    def native_packed(self):
+        """The weight as the native kernel reads it now (kernels.cpu_linear.PackedWeight; packed
+        again first if the weight changed), or None when this layer does not run through it."""
+        self._repack()
+        return None if self.packed is None or isinstance(self.packed, torch.Tensor) else self.packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._repack()
         if self.packed is None or x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
         if not isinstance(self.packed, torch.Tensor):

@@ -238,7 +238,15 @@ def with_lean(runner: BatchedRunner, pack: bool, linear=None) -> BatchedRunner:
             ops = load(runner.cache_dir)
         except Exception as e:  # no compiler, a failed build: eager torch between the GEMMs
             log.warning("model %s: the fused layer steps are unavailable (%s); running them in torch", name, e)
-    lean, why = LeanForward.build(model, pack, ops, linear)
+    layer_loop = None
+    if ops is not None and linear is not None:  # a pass's layer loop in C (kernels/cpu_forward.c)
+        try:
+            from kernels.cpu_forward import load as load_layer_loop
+
+            layer_loop = load_layer_loop(runner.cache_dir)
+        except Exception as e:  # no compiler, a failed build: the layer loop in Python
+            log.warning("model %s: the native layer loop is unavailable (%s); looping in Python", name, e)
+    lean, why = LeanForward.build(model, pack, ops, linear, layer_loop)
     if lean is None:
         log.info("model %s runs its own forward (the lean forward does not serve it: %s)", name, why)
         return runner
@@ -249,7 +257,12 @@ def with_lean(runner: BatchedRunner, pack: bool, linear=None) -> BatchedRunner:
             probe_inputs = probe_inputs or _probe_inputs(model)
             _check(lean_runner, *probe_inputs)
             return lean_runner
-        except Exception as e:  # fused steps first fall back to torch's; then the model's own forward
+        except Exception as e:  # the C layer loop first falls back to Python's, the fused steps to torch's;
+            # then the model's own forward
+            if lean.layer_loop is not None:
+                log.warning("model %s: the native layer loop failed the check (%s); looping in Python", name, e)
+                lean.layer_loop = None
+                continue
             if lean.ops is not None:
                 log.warning("model %s: the fused layer steps failed the check (%s); running them in torch", name, e)
                 lean.ops = None

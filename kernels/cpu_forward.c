@@ -1,0 +1,85 @@
+/* Every decoder layer of one forward pass in one call, for the CPU (bf16 models).
+ *
+ * The lean forward (structspec/engine/lean.py) runs a layer as eight C calls: two fused
+ * RMSNorms and the gated SiLU and rotary (kernels/cpu_layer.c), four GEMMs through packed
+ * weights (kernels/cpu_linear.c) and the attention (kernels/cpu_attention.c). From Python each
+ * call costs microseconds of argument conversion, tensor allocation and view bookkeeping, which
+ * is a large part of a decode pass whose GEMMs read the weights once. This file makes the same
+ * calls, in the same order, with the same arguments, from C: the per-layer loop without Python
+ * in between. It computes nothing of its own but the attention output's rounding to bf16 (which
+ * the library of cpu_layer.c does too), so its results are bit for bit those of the per-call loop.
+ *
+ * The three libraries are built with different flags (cpu_layer.c rounds as torch does, without
+ * fused multiply-adds; cpu_attention.c reassociates), so they stay separate shared objects; the
+ * caller passes their entry points as addresses (kernels/cpu_forward.py takes them from ctypes).
+ */
+#include <stdint.h>
+
+typedef void (*linear_fn)(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p, const float *bias,
+                          uint16_t *y, int64_t ldy, int64_t n, int threads);
+typedef void (*norm_fn)(void *x, int64_t xs, const void *y, int64_t ys, const void *w, void *h, int64_t hs,
+                        int64_t rows, int64_t n, float eps, int bf16, int threads);
+typedef void (*rotary_fn)(void *qk, int64_t qs, int64_t heads, int64_t d, const void *cos, const void *sin,
+                          int64_t cs, int64_t rows, int bf16, int threads);
+typedef void (*silu_fn)(const void *gu, int64_t gs, void *out, int64_t os, int64_t rows, int64_t n, int bf16,
+                        int threads);
+typedef void (*round_fn)(const float *src, uint16_t *dst, int64_t n, int threads);
+typedef void (*attend_fn)(const void *q, int64_t q_st, int64_t q_sh, const void *k, int64_t k_st, int64_t k_sh,
+                          const void *v, int64_t v_st, int64_t v_sh, int in_bf16, int kv_bf16, float *out,
+                          int64_t o_st, int64_t o_sh, const int64_t *table, int64_t num_seqs, int64_t layers,
+                          int64_t layer, int heads, int kv_heads, float scale, int64_t window, int with_shared,
+                          int threads);
+
+/* entry points, in this order, as addresses */
+enum { F_LINEAR, F_NORM, F_ROTARY, F_SILU, F_ROUND, F_ATTEND, F_COUNT };
+/* the model's sizes */
+enum { S_LAYERS, S_HIDDEN, S_HEADS, S_KV_HEADS, S_HEAD_DIM, S_VALUE_DIM, S_INTERMEDIATE, S_COUNT };
+/* per layer, as addresses: the two norms' weights, then each GEMM's packed words and bias (0: none) */
+enum { W_NORM1, W_NORM2, W_QKV, W_QKV_BIAS, W_O, W_O_BIAS, W_GATE_UP, W_GATE_UP_BIAS, W_DOWN, W_DOWN_BIAS, W_COUNT };
+/* the pass's buffers, as addresses: x [T, hidden] (the residual stream, updated in place), y [T,
+ * hidden] (the last layer's MLP output, not yet added to x), then scratch: h [T, hidden], qkv [T,
+ * (heads + 2 kv_heads) d], attention [T, heads, dv] fp32 and bf16, o [T, hidden], gate_up
+ * [T, 2 intermediate], act [T, intermediate]; all bf16 but the fp32 attention, rows contiguous */
+enum { B_X, B_Y, B_H, B_QKV, B_ATT32, B_ATT, B_O, B_GATE_UP, B_ACT, B_COUNT };
+
+int structspec_forward_version(void) { return 1; }
+
+/* Layers [0, S_LAYERS) over T rows: what LeanForward._fused does between the embedding and the
+ * final norm, with cos, sin [T, head_dim] bf16 (row stride cs), the attention's step table
+ * (num_seqs sequences; with_shared: its shared-prefix rows) and KV buffers of bf16 (kv_bf16) or
+ * fp32. eps: [layers][2] (each layer's two norms). */
+void structspec_forward_layers(const int64_t *fns, const int64_t *sizes, const int64_t *weights, const float *eps,
+                               const int64_t *buffers, int64_t rows, const void *cos, const void *sin, int64_t cs,
+                               const int64_t *table, int64_t num_seqs, int with_shared, int kv_bf16, float scale,
+                               int threads) {
+    linear_fn linear = (linear_fn)(intptr_t)fns[F_LINEAR];
+    norm_fn norm = (norm_fn)(intptr_t)fns[F_NORM];
+    rotary_fn rotary = (rotary_fn)(intptr_t)fns[F_ROTARY];
+    silu_fn silu = (silu_fn)(intptr_t)fns[F_SILU];
+    round_fn round_bf16 = (round_fn)(intptr_t)fns[F_ROUND];
+    attend_fn attend = (attend_fn)(intptr_t)fns[F_ATTEND];
+    const int64_t layers = sizes[S_LAYERS], n = sizes[S_HIDDEN], heads = sizes[S_HEADS], kvh = sizes[S_KV_HEADS];
+    const int64_t d = sizes[S_HEAD_DIM], dv = sizes[S_VALUE_DIM], inter = sizes[S_INTERMEDIATE];
+    const int64_t qkv_n = (heads + kvh) * d + kvh * dv, att_n = heads * dv;
+    uint16_t *x = (uint16_t *)(intptr_t)buffers[B_X], *y = (uint16_t *)(intptr_t)buffers[B_Y];
+    uint16_t *h = (uint16_t *)(intptr_t)buffers[B_H], *qkv = (uint16_t *)(intptr_t)buffers[B_QKV];
+    float *att32 = (float *)(intptr_t)buffers[B_ATT32];
+    uint16_t *att = (uint16_t *)(intptr_t)buffers[B_ATT], *o = (uint16_t *)(intptr_t)buffers[B_O];
+    uint16_t *gu = (uint16_t *)(intptr_t)buffers[B_GATE_UP], *act = (uint16_t *)(intptr_t)buffers[B_ACT];
+    for (int64_t l = 0; l < layers; l++) {
+        const int64_t *w = weights + l * W_COUNT;
+#define PTR(i) ((const void *)(intptr_t)w[i])
+        norm(x, n, l ? y : 0, n, PTR(W_NORM1), h, n, rows, n, eps[2 * l], 1, threads);
+        linear(h, n, rows, n, PTR(W_QKV), PTR(W_QKV_BIAS), qkv, qkv_n, qkv_n, threads);
+        rotary(qkv, qkv_n, heads + kvh, d, cos, sin, cs, rows, 1, threads);
+        attend(qkv, qkv_n, d, qkv + heads * d, qkv_n, d, qkv + (heads + kvh) * d, qkv_n, dv, 1, kv_bf16, att32,
+               att_n, dv, table, num_seqs, layers, l, (int)heads, (int)kvh, scale, 0, with_shared, threads);
+        round_bf16(att32, att, rows * att_n, threads);
+        linear(att, att_n, rows, att_n, PTR(W_O), PTR(W_O_BIAS), o, n, n, threads);
+        norm(x, n, o, n, PTR(W_NORM2), h, n, rows, n, eps[2 * l + 1], 1, threads);
+        linear(h, n, rows, n, PTR(W_GATE_UP), PTR(W_GATE_UP_BIAS), gu, 2 * inter, 2 * inter, threads);
+        silu(gu, 2 * inter, act, inter, rows, inter, 1, threads);
+        linear(act, inter, rows, inter, PTR(W_DOWN), PTR(W_DOWN_BIAS), y, n, n, threads);
+#undef PTR
+    }
+}

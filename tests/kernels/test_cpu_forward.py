@@ -1,0 +1,124 @@
+"""The layer loop in C (kernels/cpu_forward.c): the Python loop's logits bit for bit, a plan that
+follows changed weights, its argument checks, and the engine's fallbacks."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from kernel_cases import DEVICE
+from test_cpu_layer import llama
+from test_cpu_linear import ENGINE_PICKS_IT, HAS_DPBF16
+
+from kernels import cpu_linear
+
+pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones"),
+              pytest.mark.skipif(not HAS_DPBF16, reason="the loop runs the native linear kernel, which needs "
+                                 "AVX512-BF16 (test_cpu_linear checks its refusal elsewhere)")]
+
+
+def runner_for(model, tmp_path):
+    from structspec.engine.runner import make_runner
+
+    return make_runner(model, "auto", lean=True, pack=True, cache_dir=tmp_path, linear=cpu_linear.load(tmp_path))
+
+
+def passes(runner):
+    """Logits of three passes over three sequences: first chunks of two prompts (25 and 6 rows,
+    the first split into row blocks), then a decode row of the first beside a 3-row verification
+    of the second and the first chunk of a third, then 2 + 1 rows."""
+    from structspec.engine.kv_cache import Segment
+    from structspec.engine.runner import StepInputs
+
+    slots = [runner.make_slot(64) for _ in range(3)]
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for plan in ([(0, 25), (1, 6)], [(0, 1), (1, 3), (2, 5)], [(0, 2), (2, 1)]):
+        segs, tokens, positions, start = [], [], [], 0
+        for b, rows in plan:
+            past = slots[b].length
+            segs.append(Segment(slots[b], start, rows, past))
+            tokens.append(torch.randint(1, 299, (rows,), generator=gen))
+            positions.append(torch.arange(past, past + rows))
+            start += rows
+        out.append(runner.forward(StepInputs(torch.cat(tokens), torch.cat(positions), segs, torch.arange(start))))
+    return out
+
+
+def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path):
+    runner = runner_for(llama(torch.bfloat16), tmp_path)
+    lean = runner.lean
+    assert runner.attention == "native" and lean.ops is not None and lean.layer_loop is not None
+    assert lean.loops_natively()
+    got = passes(runner)
+    assert lean._plan is not None  # the passes went through the C loop
+    lean.layer_loop = None
+    want = passes(runner)
+    assert [g.dtype for g in got] == [torch.bfloat16] * 3
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+def test_the_plan_follows_a_weight_changed_in_place(tmp_path):
+    runner = runner_for(llama(torch.bfloat16), tmp_path)
+    lean, loop = runner.lean, runner.lean.layer_loop
+    before = passes(runner)
+    plan = lean._plan
+    with torch.no_grad():
+        lean.layers[1].gate_up.weight.mul_(0.5)  # the model's own weight: its packing is stale now
+    got = passes(runner)
+    assert lean._plan is not plan  # packed again, planned again
+    lean.layer_loop = None
+    want = passes(runner)
+    lean.layer_loop = loop
+    for g, w, b in zip(got, want, before):
+        assert torch.equal(g, w) and not torch.equal(g, b)
+
+
+def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
+    runner = runner_for(llama(torch.bfloat16), tmp_path)
+    lean = runner.lean
+    passes(runner)
+    plan, loop = lean._plan, lean.layer_loop
+    cos = sin = torch.zeros(4, 16, dtype=torch.bfloat16)
+    table = torch.zeros(2 * 3 + 4, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"x must be contiguous bf16 \[T, 64\], got torch.float32"):
+        loop.run(plan, torch.zeros(4, 64), cos, sin, table, torch.bfloat16, 0.25)
+    with pytest.raises(ValueError, match=r"cos must be bf16 \[4, 16\]"):
+        loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos[:3], sin, table, torch.bfloat16, 0.25)
+    with pytest.raises(ValueError, match=r"table must be contiguous int64 \[2 \* layers \+ 4, S\]"):
+        loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos, sin, table[:5], torch.bfloat16, 0.25)
+    with pytest.raises(ValueError, match="no layers"):
+        loop.plan(lean.linear, lean.ops, runner.native, [], 4, 2, 96)
+
+
+def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeypatch, caplog, tmp_path):
+    import kernels.cpu_forward
+
+    real = kernels.cpu_forward.ForwardLayers.run
+    monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
+                        lambda self, *args, **kwargs: real(self, *args, **kwargs) + 1.0)
+    with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
+        runner = runner_for(llama(torch.bfloat16), tmp_path)
+    assert "the native layer loop failed the check" in caplog.text
+    assert runner.lean.layer_loop is None and runner.lean.ops is not None and not runner.lean.loops_natively()
+
+
+def test_fp32_models_loop_in_python(tmp_path):
+    """The native linear kernel is bf16: an fp32 model's GEMMs go through oneDNN, so no plan."""
+    runner = runner_for(llama(torch.float32), tmp_path)
+    passes(runner)
+    assert not runner.lean.loops_natively() and runner.lean._plan is None
+
+
+@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the native linear kernel (which the C loop "
+                    "runs) only on CPUs with AVX512-BF16 and no AMX")
+def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, tmp_path):
+    from test_cpu_linear import bf16_loaded
+
+    from structspec.engine.engine import Engine
+
+    assert Engine(bf16_loaded(tiny_normal_loaded), cache_dir=tmp_path).layer_loop == "native"
+    assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").layer_loop == "python"
+    assert Engine(tiny_normal_loaded, cache_dir=tmp_path).layer_loop == "python"  # fp32
