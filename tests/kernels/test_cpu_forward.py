@@ -122,3 +122,54 @@ def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, tmp_path)
     assert Engine(bf16_loaded(tiny_normal_loaded), cache_dir=tmp_path).layer_loop == "native"
     assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").layer_loop == "python"
     assert Engine(tiny_normal_loaded, cache_dir=tmp_path).layer_loop == "python"  # fp32
+
+
+def test_the_c_loop_agrees_with_the_models_own_eager_forward(tmp_path):
+    """Against transformers' own forward (eager operators, torch attention): within the fused
+    steps' bf16 rounding (RMSNorm's and SiLU's last bits; tests/kernels/test_cpu_layer.py)."""
+    from structspec.engine.runner import make_runner
+
+    model = llama(torch.bfloat16)
+    got = passes(runner_for(model, tmp_path))
+    want = passes(make_runner(model, "torch"))
+    for g, w in zip(got, want):
+        g, w = g.float(), w.float()
+        assert (g - w).abs().max() <= 2e-2 * w.abs().max()
+
+
+@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the native linear kernel (which the C loop "
+                    "runs) only on CPUs with AVX512-BF16 and no AMX")
+def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, monkeypatch, tmp_path):
+    """Documents of one schema (their prompts share a cached prefix, which the attention reads
+    from one copy), drafted and not, four at a time: the same tokens, since the logits are the
+    same bits."""
+    import kernels.cpu_forward
+    from test_cpu_linear import bf16_loaded
+
+    from structspec.bench.exactness import bounded
+    from structspec.engine.engine import Engine, Request
+    from structspec.options import RequestOptions
+    from tests.conftest import deepjsoneval_rows
+
+    rows = deepjsoneval_rows(6)
+    schema = bounded(rows[0]["schema"])
+    requests = [Request(schema, row["text"], RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4,
+                                                            max_tokens=48, verbatim=True))
+                for i, row in enumerate(rows)]
+    loaded = bf16_loaded(tiny_normal_loaded)
+    tables = []
+    real = kernels.cpu_forward.ForwardLayers.run
+    monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
+                        lambda self, plan, x, cos, sin, table, *a, **k: tables.append(table.shape[0]) or
+                        real(self, plan, x, cos, sin, table, *a, **k))
+    in_c = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    assert in_c.layer_loop == "native"
+    got = in_c.run(requests)
+    layers = loaded.model.config.num_hidden_layers
+    assert 4 * layers + 6 in tables  # some passes read a shared prefix entry
+    in_python = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    in_python.runner.lean.layer_loop = None
+    assert in_python.layer_loop == "python"
+    want = in_python.run(requests)
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert sum(len(r.tokens) for r in got) > 6 * 20  # the runs did real work
