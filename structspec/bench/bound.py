@@ -231,8 +231,8 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
              (True, True, "torch", False, False, False), (True, True, "auto", False, False, False),
              (True, True, "auto", True, False, False), (True, True, "auto", True, True, False),
              (True, True, "auto", True, True, True))
-    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and native and not loop, packed, lean,
-                                   backend, fused, native, loop)
+    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and native and not loop,
+                                   packed, lean, backend, fused, native, loop)
                      for d in dtypes for packed, lean, backend, fused, native, loop in steps]
     return out
 

@@ -17,7 +17,10 @@ On a CPU, with the native attention, the steps between the GEMMs (residual add +
 rotary, SiLU x up) run fused in C (kernels/cpu_layer.c: one call and one pass each instead of
 ~20 operators a layer); rotary and the adds round exactly as torch does, RMSNorm and SiLU
 within the last bits of fp32, so the check against the model's own forward holds within its
-tolerance rather than bit for bit.
+tolerance rather than bit for bit. Where, in addition, every GEMM runs through
+kernels/cpu_linear.c (bf16 on CPUs with AVX512-BF16 and no AMX), the loop over the layers
+itself runs in C (kernels/cpu_forward.c: the same calls, the same bits, one call from Python
+a pass instead of ~240).
 
 Served: decoder layers shaped like transformers' LlamaDecoderLayer (q/k/v/o projections, a
 gated SiLU MLP, RMSNorm before attention and MLP, rotary from the model's `rotary_emb`), with
@@ -153,7 +156,8 @@ class LeanForward:
         self.ops = ops  # kernels.cpu_layer.LayerOps: the elementwise steps fused in C; None: eager torch
         # kernels.cpu_forward.ForwardLayers: with ops, the native attention and every GEMM through
         # `linear`, a pass's whole layer loop in one C call; None: the loop in Python
-        self.layer_loop = layer_loop if [layer.index for layer in self.layers] == list(range(len(self.layers))) else None
+        in_order = [layer.index for layer in self.layers] == list(range(len(self.layers)))
+        self.layer_loop = layer_loop if in_order else None
         self._plan, self._plan_for = None, ()
         self._gemms = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
 
