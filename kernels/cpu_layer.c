@@ -21,6 +21,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #define PARALLEL_MIN_ELEMENTS 65536 /* below this, one thread: a fork costs more than the work */
 
@@ -35,7 +38,7 @@ static inline vf bits_f(vu u) { vf f; memcpy(&f, &u, sizeof f); return f; }
 static inline vu f_bits(vf f) { vu u; memcpy(&u, &f, sizeof u); return u; }
 
 /* mask ? a : b, lane by lane (mask: a comparison's all-ones or zero lanes) */
-static inline vf select(vi mask, vf a, vf b) { return bits_f((f_bits(a) & (vu)mask) | (f_bits(b) & ~(vu)mask)); }
+static inline vf choose(vi mask, vf a, vf b) { return bits_f((f_bits(a) & (vu)mask) | (f_bits(b) & ~(vu)mask)); }
 
 /* fp32 -> bf16 bits, round to nearest even, as torch's conversion (NaN: a quiet NaN) */
 static inline vu bf16_bits(vf f) {
@@ -74,9 +77,17 @@ static inline vf load(const void *p, int64_t i, int64_t m, int bf16) {
     if (m < W)
         return load_part(p, i, m, bf16);
     if (bf16) {
+#if defined(__AVX512F__)
+        /* one widening load (gcc's convertvector splits it in halves: five instructions) */
+        __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)((const uint16_t *)p + i))), 16);
+        vf f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+#else
         vh h;
         memcpy(&h, (const uint16_t *)p + i, sizeof h);
         return bits_f(__builtin_convertvector(h, vu) << 16);
+#endif
     }
     vf f;
     memcpy(&f, (const float *)p + i, sizeof f);
@@ -102,7 +113,7 @@ static inline vf rounded(vf v, int bf16) { return bf16 ? bits_f(bf16_bits(v) << 
  * power of two applied in two halves, so results below 2^-126 come out as expf's denormals */
 static inline vf exp_nonpos(vf x) {
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
-    x = select(x < -104.0f, (vf){0} - 104.0f, x); /* e^-104 is below the smallest denormal */
+    x = choose(x < -104.0f, (vf){0} - 104.0f, x); /* e^-104 is below the smallest denormal */
     vf k = (x * 1.44269504088896341f + shifter) - shifter;
     vf r = x - k * 0.693359375f;
     r = r + k * 2.12194440e-4f;
@@ -115,12 +126,37 @@ static inline vf exp_nonpos(vf x) {
 /* x / (1 + e^-x), without overflow: for x < 0 as x e^x / (1 + e^x) */
 static inline vf silu(vf x) {
     vi neg = x < 0.0f;
-    vf e = exp_nonpos(select(neg, x, -x));
-    return select(neg, x * e, x) / (1.0f + e);
+    vf e = exp_nonpos(choose(neg, x, -x));
+    return choose(neg, x * e, x) / (1.0f + e);
 }
 
 static inline int parallel(int64_t rows, int64_t width, int threads) {
     return threads > 1 && rows > 1 && rows * width >= PARALLEL_MIN_ELEMENTS;
+}
+
+/* The rows' bodies below are always inlined and called with a literal `bf16` inside each
+ * parallel loop (OpenMP outlines the loop before constants propagate), so that every load,
+ * rounding and store is specialised to its element type. */
+#define ROW static inline __attribute__((always_inline)) void
+
+ROW norm_row(char *xr, const char *yr, const void *w, char *hr, int64_t n, float eps, const int bf16) {
+    vf sq = {0};
+    for (int64_t i = 0; i < n; i += W) {
+        vf v = load(xr, i, n - i, bf16);
+        if (yr) {
+            v = rounded(v + load(yr, i, n - i, bf16), bf16);
+            store(xr, i, n - i, v, bf16);
+        }
+        sq += v * v;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < W; j++) sum += sq[j];
+    float rstd = 1.0f / sqrtf(sum / (float)n + eps);
+    for (int64_t i = 0; i < n; i += W) {
+        vf v = load(xr, i, n - i, bf16), wv = load(w, i, n - i, bf16);
+        /* bf16: round(x * rstd), then times the weight (rounded by store); fp32: x * rstd * w */
+        store(hr, i, n - i, bf16 ? wv * rounded(v * rstd, 1) : v * rstd * wv, bf16);
+    }
 }
 
 /* x [rows, n] (row stride xs) += y [rows, n] (row stride ys; none when y is NULL), then
@@ -130,24 +166,27 @@ void structspec_add_rms_norm(void *x, int64_t xs, const void *y, int64_t ys, con
     int64_t size = bf16 ? 2 : 4;
     #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(rows, n, threads))
     for (int64_t t = 0; t < rows; t++) {
-        char *xr = (char *)x + t * xs * size;
-        vf sq = {0};
-        for (int64_t i = 0; i < n; i += W) {
-            vf v = load(xr, i, n - i, bf16);
-            if (y) {
-                v = rounded(v + load((const char *)y + t * ys * size, i, n - i, bf16), bf16);
-                store(xr, i, n - i, v, bf16);
-            }
-            sq += v * v;
-        }
-        float sum = 0.0f;
-        for (int j = 0; j < W; j++) sum += sq[j];
-        float rstd = 1.0f / sqrtf(sum / (float)n + eps);
-        char *hr = (char *)h + t * hs * size;
-        for (int64_t i = 0; i < n; i += W) {
-            vf v = load(xr, i, n - i, bf16), wv = load(w, i, n - i, bf16);
-            /* bf16: round(x * rstd), then times the weight (rounded by store); fp32: x * rstd * w */
-            store(hr, i, n - i, bf16 ? wv * rounded(v * rstd, 1) : v * rstd * wv, bf16);
+        char *xr = (char *)x + t * xs * size, *hr = (char *)h + t * hs * size;
+        const char *yr = y ? (const char *)y + t * ys * size : NULL;
+        if (bf16)
+            norm_row(xr, yr, w, hr, n, eps, 1);
+        else
+            norm_row(xr, yr, w, hr, n, eps, 0);
+    }
+}
+
+ROW rotary_row(char *row, int64_t heads, int64_t d, const char *c, const char *s, const int bf16) {
+    int64_t half = d / 2, size = bf16 ? 2 : 4;
+    for (int64_t hh = 0; hh < heads; hh++) {
+        char *q = row + hh * d * size;
+        for (int64_t i = 0; i < half; i += W) {
+            int64_t m = half - i;
+            vf a = load(q, i, m, bf16), b = load(q, half + i, m, bf16);
+            /* q * cos + cat(-q[half:], q[:half]) * sin, each product rounded as torch rounds it */
+            vf lo = rounded(a * load(c, i, m, bf16), bf16) + rounded(-b * load(s, i, m, bf16), bf16);
+            vf hi = rounded(b * load(c, half + i, m, bf16), bf16) + rounded(a * load(s, half + i, m, bf16), bf16);
+            store(q, i, m, lo, bf16);
+            store(q, half + i, m, hi, bf16);
         }
     }
 }
@@ -156,22 +195,28 @@ void structspec_add_rms_norm(void *x, int64_t xs, const void *y, int64_t ys, con
  * qk (row stride qs; heads contiguous), with cos and sin [rows, d] (row stride cs). */
 void structspec_rotary(void *qk, int64_t qs, int64_t heads, int64_t d, const void *cos, const void *sin,
                        int64_t cs, int64_t rows, int bf16, int threads) {
-    int64_t half = d / 2, size = bf16 ? 2 : 4;
+    int64_t size = bf16 ? 2 : 4;
     #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(rows, heads * d, threads))
     for (int64_t t = 0; t < rows; t++) {
+        char *row = (char *)qk + t * qs * size;
         const char *c = (const char *)cos + t * cs * size, *s = (const char *)sin + t * cs * size;
-        for (int64_t hh = 0; hh < heads; hh++) {
-            char *q = (char *)qk + (t * qs + hh * d) * size;
-            for (int64_t i = 0; i < half; i += W) {
-                int64_t m = half - i;
-                vf a = load(q, i, m, bf16), b = load(q, half + i, m, bf16);
-                /* q * cos + cat(-q[half:], q[:half]) * sin, each product rounded as torch rounds it */
-                vf lo = rounded(a * load(c, i, m, bf16), bf16) + rounded(-b * load(s, i, m, bf16), bf16);
-                vf hi = rounded(b * load(c, half + i, m, bf16), bf16) + rounded(a * load(s, half + i, m, bf16), bf16);
-                store(q, i, m, lo, bf16);
-                store(q, half + i, m, hi, bf16);
-            }
-        }
+        if (bf16)
+            rotary_row(row, heads, d, c, s, 1);
+        else
+            rotary_row(row, heads, d, c, s, 0);
+    }
+}
+
+ROW silu_row(const char *g, const char *u, char *o, int64_t n, const int bf16) {
+    int64_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) { /* four vectors a pass: four exponentials' chains in flight */
+        vf a[4];
+        for (int k = 0; k < 4; k++) a[k] = rounded(silu(load(g, i + k * W, W, bf16)), bf16);
+        for (int k = 0; k < 4; k++) store(o, i + k * W, W, a[k] * load(u, i + k * W, W, bf16), bf16);
+    }
+    for (; i < n; i += W) {
+        vf act = rounded(silu(load(g, i, n - i, bf16)), bf16);
+        store(o, i, n - i, act * load(u, i, n - i, bf16), bf16);
     }
 }
 
@@ -181,12 +226,12 @@ void structspec_silu_mul(const void *gu, int64_t gs, void *out, int64_t os, int6
     int64_t size = bf16 ? 2 : 4;
     #pragma omp parallel for schedule(static) num_threads(threads) if (parallel(rows, n, threads))
     for (int64_t t = 0; t < rows; t++) {
-        const char *g = (const char *)gu + t * gs * size, *u = g + n * size;
+        const char *g = (const char *)gu + t * gs * size;
         char *o = (char *)out + t * os * size;
-        for (int64_t i = 0; i < n; i += W) {
-            vf act = rounded(silu(load(g, i, n - i, bf16)), bf16);
-            store(o, i, n - i, act * load(u, i, n - i, bf16), bf16);
-        }
+        if (bf16)
+            silu_row(g, g + n * 2, o, n, 1);
+        else
+            silu_row(g, g + n * 4, o, n, 0);
     }
 }
 
@@ -233,7 +278,7 @@ void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mas
                 continue;
             vf v = load(x, at, vocab - at, bf16);
             vi better = allowed_lanes(bits, at, vocab, iota) & (v > best);
-            best = select(better, v, best);
+            best = choose(better, v, best);
             best_at = (better & (iota + (int32_t)at)) | (~better & best_at);
         }
         float top = -INFINITY;
@@ -257,7 +302,7 @@ void structspec_masked_argmax(const void *logits, int64_t ls, const int32_t *mas
                 continue;
             vf v = load(x, at, vocab - at, bf16);
             vi on = allowed_lanes(bits, at, vocab, iota) & (v > -INFINITY);
-            sum += select(on, exp_nonpos(select(on, v - top, (vf){0})), (vf){0});
+            sum += choose(on, exp_nonpos(choose(on, v - top, (vf){0})), (vf){0});
         }
         float total = 0.0f;
         for (int j = 0; j < W; j++) total += sum[j];

@@ -257,17 +257,19 @@ class LeanForward:
 
     def _layer_plan(self, attention):
         """The layer loop's plan (kernels.cpu_forward.Plan) for `attention` (the step's
-        kernels.cpu_attention.NativeAttention), kept while every GEMM's packed weight stays the
-        same; None without a layer loop or where a GEMM does not run through the native kernel."""
+        kernels.cpu_attention.NativeAttention), kept while the libraries and every GEMM's weight
+        stay the same; None without a layer loop or where a GEMM does not run through the native
+        kernel."""
         if self.layer_loop is None:
             return None
         gemms = self._gemms
-        # the plan stands while the attention and every GEMM's weight tensor and its version do
-        # (read from _parameters: nn.Module's attribute lookup costs more than the rest of the check)
+        # the plan stands while the three libraries and every GEMM's weight tensor and its version
+        # do (read from _parameters: nn.Module's attribute lookup costs more than the rest of the check)
         weights = [m._parameters["weight"] for m in gemms]
-        stamp = (attention, *zip(weights, map(_version, weights)))
-        if self._plan is not None and len(stamp) == len(self._plan_for) and stamp[0] is self._plan_for[0] and all(
-                w is was and v == v_was for (w, v), (was, v_was) in zip(stamp[1:], self._plan_for[1:])):
+        stamp = (attention, self.ops, self.linear, *zip(weights, map(_version, weights)))
+        was = self._plan_for
+        if self._plan is not None and len(stamp) == len(was) and all(a is b for a, b in zip(stamp[:3], was)) and all(
+                w is w_was and v == v_was for (w, v), (w_was, v_was) in zip(stamp[3:], was[3:])):
             return self._plan
         self._plan, self._plan_for = None, ()
         packed = [m.native_packed() if isinstance(m, PackedLinear) else None for m in gemms]
