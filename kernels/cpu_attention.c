@@ -464,14 +464,16 @@ static inline __attribute__((always_inline)) void attend_item(
     int64_t lo = 0;                     /* the first key any row of the item sees */
     if (window > 0 && past - window + 1 > 0) lo = past - window + 1;
     int64_t span = end - lo, padded = (span + NB - 1) / NB * NB;
-    /* queries [nq][D], scores [nq][padded], sums [nq][DV], 1/l [nq], a block of keys or values */
+    /* queries [nq][D], scores [nq][padded], sums [nq][DV], 1/l [nq], a block of keys or values,
+     * and for bf16 KV the probabilities in bf16: one allocation an item */
     int64_t block_at = (nq * D + nq * padded + nq * DV + nq + 15) / 16 * 16; /* 64-byte aligned, as qs */
-    float *qs = aligned_alloc(64, sizeof(float) * (block_at + NB * (D > DV ? D : DV)));
+    int64_t pb_at = block_at + NB * (D > DV ? D : DV); /* a multiple of 16 floats too (D, DV: of 8) */
+    int64_t pb_floats = DPBF16 && kv_bf16 ? (nq * padded / 2 + 15) / 16 * 16 : 0;
+    float *qs = aligned_alloc(64, sizeof(float) * (pb_at + pb_floats));
     float *scores = qs + nq * D, *acc = scores + nq * padded, *inv = acc + nq * DV;
     float *block = qs + block_at; /* aligned: its vector loads never straddle a cache line */
 #if DPBF16
-    uint16_t *pb = NULL; /* the probabilities in bf16 [nq][padded], for pv_bf16 */
-    if (kv_bf16) pb = aligned_alloc(64, sizeof(uint16_t) * nq * padded);
+    uint16_t *pb = (uint16_t *)(qs + pb_at); /* the probabilities in bf16 [nq][padded], for pv_bf16 */
 #endif
     const int direct = DPBF16 && kv_bf16 && in_bf16; /* q.K from bf16 queries and keys as they are */
     if (!direct) /* else the queries are read as bf16 below, and qs is not used */
@@ -616,7 +618,6 @@ static inline __attribute__((always_inline)) void attend_item(
 #undef PV_CASE
             }
         }
-        free(pb);
     } else
 #endif
     for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
