@@ -159,7 +159,7 @@ class LeanForward:
         in_order = [layer.index for layer in self.layers] == list(range(len(self.layers)))
         self.layer_loop = layer_loop if in_order else None
         self._plan, self._plan_for = None, ()
-        self._gemms = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        self._gemms = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # in order
 
     @classmethod
     def build(cls, model, pack: bool, ops=None, linear=None, layer_loop=None) -> tuple["LeanForward | None", str]:
@@ -252,8 +252,7 @@ class LeanForward:
         """Whether a pass with the native attention runs its layer loop in C: the loop library is
         there, with the fused steps, and every layer's GEMMs run through the native kernel."""
         return self.layer_loop is not None and self.ops is not None and all(
-            isinstance(m, PackedLinear) and m.uses_native()
-            for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            isinstance(m, PackedLinear) and m.uses_native() for m in self._gemms)
 
     def _layer_plan(self, attention):
         """The layer loop's plan (kernels.cpu_forward.Plan) for `attention` (the step's
