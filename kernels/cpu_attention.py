@@ -15,7 +15,6 @@ engine keeps the torch path.
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 
 import torch
@@ -26,8 +25,6 @@ __all__ = ["NativeAttention", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_attention.c")
 FLAGS = ("-fassociative-math", "-fno-signed-zeros")
-_LOCK = threading.Lock()
-_LOADED: dict[tuple[int, int, str], "NativeAttention"] = {}
 
 
 class NativeAttention:
@@ -100,10 +97,5 @@ class NativeAttention:
 
 def load(head_dim: int, value_dim: int, cache_dir: Path | str | None = None) -> NativeAttention:
     """The attention library for these head sizes, built on first use (RuntimeError: why not)."""
-    cache = native.cache_dir(cache_dir)
-    with _LOCK:
-        k = (head_dim, value_dim, str(cache))
-        if k not in _LOADED:
-            path = native.build(SOURCE, FLAGS + (f"-DHEAD_DIM={head_dim}", f"-DVALUE_DIM={value_dim}"), cache)
-            _LOADED[k] = NativeAttention(path, head_dim, value_dim)
-        return _LOADED[k]
+    return native.load(SOURCE, FLAGS + (f"-DHEAD_DIM={head_dim}", f"-DVALUE_DIM={value_dim}"), cache_dir,
+                       lambda path: NativeAttention(path, head_dim, value_dim))

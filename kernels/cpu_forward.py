@@ -15,7 +15,6 @@ addresses); `ForwardLayers.run` takes one pass's rows. Built at first use by ker
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,8 +26,6 @@ __all__ = ["ForwardLayers", "LayerWeights", "Plan", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_forward.c")
 FLAGS: tuple[str, ...] = ()
-_LOCK = threading.Lock()
-_LOADED: dict[str, "ForwardLayers"] = {}
 
 
 @dataclass(frozen=True)
@@ -148,8 +145,4 @@ class ForwardLayers:
 
 def load(cache_dir: Path | str | None = None) -> ForwardLayers:
     """The layer-loop library, built on first use (RuntimeError: why not)."""
-    cache = native.cache_dir(cache_dir)
-    with _LOCK:
-        if str(cache) not in _LOADED:
-            _LOADED[str(cache)] = ForwardLayers(native.build(SOURCE, FLAGS, cache))
-        return _LOADED[str(cache)]
+    return native.load(SOURCE, FLAGS, cache_dir, ForwardLayers)

@@ -29,7 +29,6 @@ kernels/native.py (``load`` raises ``RuntimeError`` saying why not).
 from __future__ import annotations
 
 import ctypes
-import threading
 from pathlib import Path
 
 import torch
@@ -40,8 +39,6 @@ __all__ = ["LayerOps", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_layer.c")
 FLAGS = ("-ffp-contract=off",)  # no product fused into an add: rotary and the add round as torch does
-_LOCK = threading.Lock()
-_LOADED: dict[str, "LayerOps"] = {}
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -181,8 +178,4 @@ class LayerOps:
 
 def load(cache_dir: Path | str | None = None) -> LayerOps:
     """The layer library, built on first use (RuntimeError: why not)."""
-    cache = native.cache_dir(cache_dir)
-    with _LOCK:
-        if str(cache) not in _LOADED:
-            _LOADED[str(cache)] = LayerOps(native.build(SOURCE, FLAGS, cache))
-        return _LOADED[str(cache)]
+    return native.load(SOURCE, FLAGS, cache_dir, LayerOps)

@@ -20,7 +20,6 @@ not (no compiler, a CPU without AVX512-BF16).
 from __future__ import annotations
 
 import ctypes
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +31,6 @@ __all__ = ["NativeLinear", "PackedWeight", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FLAGS: tuple[str, ...] = ()
-_LOCK = threading.Lock()
-_LOADED: dict[str, "NativeLinear"] = {}
 
 
 @dataclass(frozen=True)
@@ -111,8 +108,4 @@ class NativeLinear:
 
 def load(cache_dir: Path | str | None = None) -> NativeLinear:
     """The linear library, built on first use (RuntimeError: why not)."""
-    cache = native.cache_dir(cache_dir)
-    with _LOCK:
-        if str(cache) not in _LOADED:
-            _LOADED[str(cache)] = NativeLinear(native.build(SOURCE, FLAGS, cache))
-        return _LOADED[str(cache)]
+    return native.load(SOURCE, FLAGS, cache_dir, NativeLinear)

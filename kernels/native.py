@@ -6,7 +6,8 @@ flags, the CPU's feature flags and the compiler, so a changed source or another 
 anew and a worker beside this one never loads half a file (the build lands by an atomic
 rename). OpenMP is linked by soname, so the library shares the libgomp torch already loaded
 (one thread pool). ``build`` raises ``RuntimeError`` saying why when there is no compiler or
-the build fails; callers keep their torch path then.
+the build fails; callers keep their torch path then. ``load`` builds and wraps a library once
+per process (each kernels/cpu_*.py's own ``load`` goes through it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
+
+_LOCK = threading.Lock()
+_LOADED: dict[tuple[str, tuple[str, ...], str], object] = {}
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
 
@@ -78,3 +83,15 @@ def address(fn) -> int:
     """The address of a loaded library's function (a ctypes function pointer), for C code that
     calls it (kernels/cpu_forward.c)."""
     return ctypes.cast(fn, ctypes.c_void_p).value
+
+
+def load(source: Path, flags: tuple[str, ...], cache: Path | str | None, wrap):
+    """`wrap(path)` of `source`'s library built with FLAGS + `flags` under `cache` (see
+    cache_dir), built and wrapped once per process for each (source, flags, cache); RuntimeError
+    from build says why not."""
+    directory = cache_dir(cache)
+    key = (str(source), tuple(flags), str(directory))
+    with _LOCK:
+        if key not in _LOADED:
+            _LOADED[key] = wrap(build(source, flags, directory))
+        return _LOADED[key]
