@@ -33,11 +33,9 @@ class NativeAttention:
     def __init__(self, path: Path, head_dim: int, value_dim: int):
         self.path = path
         self.head_dim, self.value_dim = head_dim, value_dim
-        lib = ctypes.CDLL(str(path))
+        lib = native.open_library(path, SOURCE, "structspec_attend_version", 2)
         if lib.structspec_attend_dims() != head_dim * 10000 + value_dim:
             raise RuntimeError(f"{path} was built for other head sizes")
-        if lib.structspec_attend_version() != 2:
-            raise RuntimeError(f"{path} is another version of {SOURCE.name}")
         # q.K on the matrix units (AMX; bf16 queries and KV) where this CPU has them and the OS allows it
         self.amx = bool(lib.structspec_attend_amx())
         # P.V of bf16 KV with the probabilities rounded to bf16 (vdpbf16ps; CPUs with AVX512-BF16),

@@ -52,19 +52,13 @@ class Plan:
     eps: torch.Tensor      # fp32 [layers, 2]
     keep: tuple            # the tensors those addresses point into
 
-    @property
-    def layers(self) -> int:
-        return int(self.sizes[0])
-
 
 class ForwardLayers:
     """The compiled library (one per CPU and build flags; it does not depend on the model)."""
 
     def __init__(self, path: Path):
         self.path = path
-        lib = ctypes.CDLL(str(path))
-        if lib.structspec_forward_version() != 1:
-            raise RuntimeError(f"{path} is another version of {SOURCE.name}")
+        lib = native.open_library(path, SOURCE, "structspec_forward_version", 1)
         i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
         fn = lib.structspec_forward_layers
         fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, c_int, c_int, ctypes.c_float, c_int]
@@ -112,8 +106,7 @@ class ForwardLayers:
         the attention's step table (kernels.cpu_attention.NativeAttention.attend's `table`, over
         KV buffers of `kv_dtype`): returns y [T, hidden], the last layer's MLP output, which the
         caller adds to x (as LeanForward._fused does)."""
-        _, hidden, heads, kv_heads, d, dv, inter = plan.sizes.tolist()
-        layers = plan.layers
+        layers, hidden, heads, kv_heads, d, dv, inter = plan.sizes.tolist()
         if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden or not x.is_contiguous():
             raise ValueError(f"x must be contiguous bf16 [T, {hidden}], got {x.dtype} {tuple(x.shape)}")
         rows = x.shape[0]

@@ -57,9 +57,7 @@ class LayerOps:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = ctypes.CDLL(str(path))
-        if lib.structspec_layer_version() != 3:
-            raise RuntimeError(f"{path} is another version of {SOURCE.name}")
+        lib = native.open_library(path, SOURCE, "structspec_layer_version", 3)
         i64, ptr, c_int, c_float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
         self._norm = lib.structspec_add_rms_norm
         self._norm.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, i64, i64, c_float, c_int, c_int]

@@ -48,9 +48,7 @@ class NativeLinear:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = ctypes.CDLL(str(path))
-        if lib.structspec_linear_version() != 1:
-            raise RuntimeError(f"{path} is another version of {SOURCE.name}")
+        lib = native.open_library(path, SOURCE, "structspec_linear_version", 1)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.structspec_linear_packed_words.argtypes = [i64, i64]
         lib.structspec_linear_packed_words.restype = i64

@@ -79,6 +79,15 @@ def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None)
     return target
 
 
+def open_library(path: Path, source: Path, version: str, expected: int) -> ctypes.CDLL:
+    """The library at `path` (built from `source`), refused with RuntimeError unless its
+    function `version` returns `expected` (the version its Python wrapper speaks)."""
+    lib = ctypes.CDLL(str(path))
+    if getattr(lib, version)() != expected:
+        raise RuntimeError(f"{path} is another version of {source.name}")
+    return lib
+
+
 def address(fn) -> int:
     """The address of a loaded library's function (a ctypes function pointer), for C code that
     calls it (kernels/cpu_forward.c)."""
