@@ -79,7 +79,8 @@ static inline vf load(const void *p, int64_t i, int64_t m, int bf16) {
     if (bf16) {
 #if defined(__AVX512F__)
         /* one widening load (gcc's convertvector splits it in halves: five instructions) */
-        __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)((const uint16_t *)p + i))), 16);
+        __m256i h = _mm256_loadu_si256((const void *)((const uint16_t *)p + i));
+        __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
         vf f;
         memcpy(&f, &u, sizeof f);
         return f;

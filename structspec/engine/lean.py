@@ -159,7 +159,7 @@ class LeanForward:
         in_order = [layer.index for layer in self.layers] == list(range(len(self.layers)))
         self.layer_loop = layer_loop if in_order else None
         self._plan, self._plan_for = None, ()
-        self._gemms = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]  # in order
+        self._gemms = self.linear_modules()[:-1]  # the layers' four GEMMs each, in order (lm_head is last)
 
     @classmethod
     def build(cls, model, pack: bool, ops=None, linear=None, layer_loop=None) -> tuple["LeanForward | None", str]:

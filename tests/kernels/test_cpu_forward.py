@@ -12,6 +12,7 @@ from test_cpu_layer import llama
 from test_cpu_linear import ENGINE_PICKS_IT, HAS_DPBF16
 
 from kernels import cpu_linear
+from tests.unit.engine.test_lean import steps
 
 pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones"),
               pytest.mark.skipif(not HAS_DPBF16, reason="the loop runs the native linear kernel, which needs "
@@ -25,25 +26,9 @@ def runner_for(model, tmp_path):
 
 
 def passes(runner):
-    """Logits of three passes over three sequences: first chunks of two prompts (25 and 6 rows,
-    the first split into row blocks), then a decode row of the first beside a 3-row verification
-    of the second and the first chunk of a third, then 2 + 1 rows."""
-    from structspec.engine.kv_cache import Segment
-    from structspec.engine.runner import StepInputs
-
-    slots = [runner.make_slot(64) for _ in range(3)]
-    gen = torch.Generator().manual_seed(0)
-    out = []
-    for plan in ([(0, 25), (1, 6)], [(0, 1), (1, 3), (2, 5)], [(0, 2), (2, 1)]):
-        segs, tokens, positions, start = [], [], [], 0
-        for b, rows in plan:
-            past = slots[b].length
-            segs.append(Segment(slots[b], start, rows, past))
-            tokens.append(torch.randint(1, 299, (rows,), generator=gen))
-            positions.append(torch.arange(past, past + rows))
-            start += rows
-        out.append(runner.forward(StepInputs(torch.cat(tokens), torch.cat(positions), segs, torch.arange(start))))
-    return out
+    """test_lean's three passes over three sequences, the first prompt's chunk 70 rows: more than
+    the native attention's 64-row work items, so it is split into two."""
+    return steps(runner, first=70)
 
 
 def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path):

@@ -26,14 +26,14 @@ def llama(dtype=torch.float32, seed: int = 7, **config):
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
-def steps(runner: BatchedRunner):
+def steps(runner: BatchedRunner, first: int = 9):
     """Logits of three passes over three sequences, as the engine makes them: first chunks of
-    two prompts, then one decode row of the first beside a 3-row verification of the second
-    and the first chunk of a third, then 2 + 1 rows."""
-    slots = [runner.make_slot(64) for _ in range(3)]
+    two prompts (`first` and 6 rows), then one decode row of the first beside a 3-row
+    verification of the second and the first chunk of a third, then 2 + 1 rows."""
+    slots = [runner.make_slot(max(64, first + 16)) for _ in range(3)]
     gen = torch.Generator().manual_seed(0)
     ids = lambda n: torch.randint(1, 299, (n,), generator=gen)  # noqa: E731
-    plans = [[(0, 9), (1, 6)], [(0, 1), (1, 3), (2, 5)], [(0, 2), (2, 1)]]
+    plans = [[(0, first), (1, 6)], [(0, 1), (1, 3), (2, 5)], [(0, 2), (2, 1)]]
     out = []
     for plan in plans:
         segs, tokens, positions, start = [], [], [], 0
