@@ -141,3 +141,21 @@ def test_a_stage_past_the_deadline_stops_its_loop_and_says_what_it_left(monkeypa
     monkeypatch.setattr(gpu, "random_model", lambda *a, **k: type("M", (), {"name": "stub"})())
     result = gpu.throughput_stage(None, {}, "cpu", small=True)
     assert result["runs"] == [] and "out of time before max_seqs 1" in result["truncated"]
+
+
+def test_the_torch_attention_row_times_a_few_steps_of_the_largest_batch(monkeypatch):
+    """The torch attention's steps are ~100x the Triton one's on a GPU (1.8 s each on the third
+    H200): its row takes one document a slot and 16 tokens, where the Triton rows take two and 64
+    (130 such steps once took 261 s and starved the stage after it). Stubbed runs, CUDA's sizes."""
+    calls = []
+
+    def fake_run(loaded, device, b, schema, docs, opts, backend=None, **kw):
+        calls.append((b, len(docs), opts.max_tokens, backend))
+        return {"max_seqs": b, "attention": backend or "triton", "tok_s": 1.0}
+
+    monkeypatch.setattr(gpu, "random_model", lambda *a, **k: type("M", (), {"name": "stub"})())
+    monkeypatch.setattr(gpu, "timed_run", fake_run)
+    result = gpu.throughput_stage(None, {}, "cuda", small=False)
+    assert calls == [(1, 16, 64, None), (8, 16, 64, None), (32, 64, 64, None), (64, 128, 64, None),
+                     (64, 64, 16, "torch")]
+    assert [r["attention"] for r in result["runs"]] == ["triton"] * 4 + ["torch"]
