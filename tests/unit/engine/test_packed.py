@@ -76,12 +76,17 @@ def test_a_model_off_the_cpu_or_in_fp16_is_left_alone():
     assert pack_linears(model) == 0 and type(model[0]) is nn.Linear
 
 
-def test_the_engine_packs_the_model_and_its_bf16_outputs_are_those_of_the_plain_layers(tiny_normal_loaded):
+def test_the_engine_packs_the_model_and_its_bf16_outputs_are_those_of_the_plain_layers(tiny_normal_loaded,
+                                                                                       caplog):
     """The engine packs by default (engine_packed_linear), and unpacks a model another engine
     packed when the setting is off; in bf16 a packed run emits exactly the tokens of an
-    unpacked one, since every packed layer is bit-identical."""
+    unpacked one, since every packed layer is bit-identical: on a CPU without bf16 units
+    oneDNN's (emulated) bf16 sums some shapes otherwise (the tiny model's lm_head, on the AVX-512
+    Xeon without AVX512-BF16), and the check at packing keeps such a layer plain, saying so."""
+    import logging
+
     from structspec.engine.engine import Engine, Request
-    from structspec.engine.model import from_model
+    from structspec.engine.model import cpu_has_bf16_matmul, from_model
     from structspec.options import RequestOptions
 
     schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
@@ -92,8 +97,12 @@ def test_the_engine_packs_the_model_and_its_bf16_outputs_are_those_of_the_plain_
     for packed in (False, True):
         model = copy.deepcopy(tiny_normal_loaded.model).to(torch.bfloat16)
         loaded = from_model(model, tiny_normal_loaded.tokenizer, name="tiny bf16")
-        engine = Engine(loaded, engine_max_seqs=3, engine_packed_linear=packed, kernel_backend="torch")
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="structspec.engine.packed"):
+            engine = Engine(loaded, engine_max_seqs=3, engine_packed_linear=packed, kernel_backend="torch")
         assert (engine.packed_linears > 0) == (packed and BF16_PACKS)
-        assert any(isinstance(m, PackedLinear) for m in model.modules()) == (packed and BF16_PACKS)
+        # the model's own layer the engine runs beside the lean forward's: packed, or refused by the check
+        assert isinstance(model.lm_head, PackedLinear) == (packed and BF16_PACKS) or (
+            packed and not cpu_has_bf16_matmul() and "lm_head: ValueError: output differs from F.linear" in caplog.text)
         outputs.append([r.tokens for r in engine.run([Request(schema, d, opts) for d in docs])])
     assert outputs[0] == outputs[1] and all(outputs[0])
