@@ -1,27 +1,30 @@
-/* bf16 linear layers for a few rows (decode and verification passes), for CPUs with AVX512-BF16.
+/* Linear layers for a few rows (decode and verification passes): bf16 on CPUs with AVX512-BF16,
+ * fp32 on CPUs with AVX-512F.
  *
  * A pass over a few rows reads every weight once and does little arithmetic with each, so its
  * time is the weight read plus whatever part of the arithmetic does not overlap it. Here the
  * weight is packed once into the order this loop reads it, groups of GROUP output columns, each
- * group a run of (k pair, GROUP columns) of bf16 pairs, so a group is one contiguous stream that
- * the loop prefetches ahead of itself, and each loaded pair meets up to ROWS rows held in
- * registers (vdpbf16ps: two products added into fp32 in one instruction). Groups are split over
- * OpenMP threads; a group's rows go in tiles of up to ROWS, the later tiles reading the group's
- * weights again from the core's cache.
+ * group a run of (k step, GROUP columns), so a group is one contiguous stream that the loop
+ * prefetches ahead of itself, and each loaded step meets up to ROWS rows held in registers. A
+ * bf16 step is a pair of inputs (vdpbf16ps: two products added into fp32 in one instruction), an
+ * fp32 step one input (a fused multiply-add). Groups are split over OpenMP threads; a group's
+ * rows go in tiles of up to ROWS, the later tiles reading the group's weights again from the
+ * core's cache.
  *
- *   y[r, n] = round_bf16(bias[n] + sum over k pairs j, in order, of (x[r,2j] w[n,2j] + x[r,2j+1] w[n,2j+1]))
+ *   bf16: y[r, n] = round_bf16(bias[n] + sum over k pairs j, in order, of (x[r,2j] w[n,2j] + x[r,2j+1] w[n,2j+1]))
+ *   fp32: y[r, n] = bias[n] + sum over k, in order, of x[r,k] w[n,k]
  *
- * Each output is one chain over the pairs in order, whatever the row count and the rows beside
+ * Each output is one chain over the steps in order, whatever the row count and the rows beside
  * it, so a row's result does not depend on the batch it runs in. The sum order is not oneDNN's:
- * results differ from F.linear's in the last bits of the fp32 sum (one unit of bf16 where the sum
- * lies at a rounding boundary).
+ * results differ from F.linear's in the last bits of the fp32 sum (in bf16, one unit of bf16
+ * where the sum lies at a rounding boundary).
  */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 
-#ifndef __AVX512BF16__
-#error "cpu_linear.c needs AVX512-BF16 (vdpbf16ps); this CPU or compiler lacks it"
+#ifndef __AVX512F__
+#error "cpu_linear.c needs AVX-512F; this CPU or compiler lacks it"
 #endif
 
 #ifndef BLOCKS
@@ -30,13 +33,51 @@
 #ifndef ROWS
 #define ROWS 8     /* rows a tile: ROWS x BLOCKS accumulators, BLOCKS weight registers, a broadcast */
 #endif
+#if ROWS > 8
+#error "ROWS is at most 8 (the bf16 driver's tile cases)"
+#endif
 #define GROUP (16 * BLOCKS)
 #ifndef AHEAD
 #define AHEAD 4096 /* bytes the loop prefetches ahead of itself in the packed weight */
 #endif
 #define PARALLEL_MIN_BYTES 131072 /* below this much packed weight, one thread */
 
-int structspec_linear_version(void) { return 1; }
+int structspec_linear_version(void) { return 2; }
+
+/* which element types this build serves: 1 fp32, 2 bf16 (AVX512-BF16), or'ed */
+int structspec_linear_types(void) {
+#ifdef __AVX512BF16__
+    return 3;
+#else
+    return 1;
+#endif
+}
+
+/* Tiles of near-equal size, the larger first, each row count its own unrolled loop: CALL(rows)
+ * with rows a constant, at most R (CASES lists the counts below R; the cases above R are never
+ * taken). Used by both drivers. */
+#define CAP(r, R) ((r) < (R) ? (r) : (R))
+#define CASES7(CALL, R)                                                                              \
+    case 1: CALL(CAP(1, R)); break; case 2: CALL(CAP(2, R)); break; case 3: CALL(CAP(3, R)); break;  \
+    case 4: CALL(CAP(4, R)); break; case 5: CALL(CAP(5, R)); break; case 6: CALL(CAP(6, R)); break;  \
+    case 7: CALL(CAP(7, R)); break;
+#define CASES15(CALL, R)                                                                             \
+    CASES7(CALL, R)                                                                                  \
+    case 8: CALL(CAP(8, R)); break; case 9: CALL(CAP(9, R)); break; case 10: CALL(CAP(10, R)); break; \
+    case 11: CALL(CAP(11, R)); break; case 12: CALL(CAP(12, R)); break;                              \
+    case 13: CALL(CAP(13, R)); break; case 14: CALL(CAP(14, R)); break;                              \
+    case 15: CALL(CAP(15, R)); break;
+#define TILES(m, R, CASES, CALL)                                                                     \
+    for (int64_t t = 0, r0 = 0, tiles = ((m) + (R) - 1) / (R); t < tiles; t++) {                      \
+        const int64_t take = ((m) - r0) / (tiles - t) + (((m) - r0) % (tiles - t) != 0);            \
+        switch (take) {                                                                              \
+            CASES(CALL, R)                                                                           \
+            default: CALL(R); break;                                                                 \
+        }                                                                                            \
+        r0 += take;                                                                                  \
+    }
+
+#ifdef __AVX512BF16__ /* bf16: pairs of inputs */
 
 int64_t structspec_linear_packed_words(int64_t n, int64_t k) { return (n + GROUP - 1) / GROUP * (k / 2) * GROUP; }
 
@@ -89,55 +130,116 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
 void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p,
                        const float *bias, uint16_t *y, int64_t ldy, int64_t n, int threads) {
     const int64_t pairs = k / 2, groups = (n + GROUP - 1) / GROUP;
-    const int64_t tiles = (m + ROWS - 1) / ROWS;
     const int parallel = threads > 1 && groups > 1 && groups * pairs * GROUP * 4 >= PARALLEL_MIN_BYTES;
 #pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
     for (int64_t g = 0; g < groups; g++) {
         const uint32_t *pg = p + g * pairs * GROUP;
         const float *bg = bias ? bias + g * GROUP : 0;
         const int64_t cols = n - g * GROUP < GROUP ? n - g * GROUP : GROUP;
-        for (int64_t t = 0, r0 = 0; t < tiles; t++) {
-            const int64_t rows = (m - r0) / (tiles - t); /* tiles of near-equal size, the larger first */
-            const int64_t take = rows + ((m - r0) % (tiles - t) != 0);
-            const uint16_t *xt = x + r0 * ldx;
-            uint16_t *yt = y + r0 * ldy + g * GROUP;
-            switch (take) { /* each row count its own unrolled loop */
-#if ROWS > 1
-                case 1: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 1); break;
+#define BF16_TILE(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, y + r0 * ldy + g * GROUP, ldy, cols, rows)
+        TILES(m, ROWS, CASES7, BF16_TILE)
+#undef BF16_TILE
+    }
+}
+#endif /* __AVX512BF16__ */
+
+/* fp32: the same loop, one input a step. A bf16 step's two products an instruction let 8 rows
+ * against 3 vectors hide under the weight read; an fp32 step's one product is twice the
+ * instructions, and rows of a second tile (read from cache after the first) no longer overlap
+ * the stream. So the fp32 weight is packed in groups of 16 columns, and
+ *   - up to FEW_ROWS rows (decode and verification passes) go in one tile a group: every row
+ *     against each loaded vector while the group streams from memory;
+ *   - more rows go in tiles of up to MANY_ROWS against MANY_BLOCKS neighbouring groups at once
+ *     (each group its own stream), the later tiles reading them again from the core's cache.
+ * Each output is the same chain over k either way. */
+#ifndef F32_FEW_ROWS
+#define F32_FEW_ROWS 16
 #endif
-#if ROWS > 2
-                case 2: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 2); break;
+#ifndef F32_MANY_ROWS
+#define F32_MANY_ROWS 12
 #endif
-#if ROWS > 3
-                case 3: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 3); break;
+#ifndef F32_MANY_BLOCKS
+#define F32_MANY_BLOCKS 2
 #endif
-#if ROWS > 4
-                case 4: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 4); break;
+#if F32_FEW_ROWS > 16 || F32_MANY_ROWS > 16 || F32_MANY_ROWS * F32_MANY_BLOCKS + F32_MANY_BLOCKS + 1 > 32
+#error "fp32 tiles: at most 16 rows, and rows x blocks accumulators must fit the 32 registers"
 #endif
-#if ROWS > 5
-                case 5: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 5); break;
-#endif
-#if ROWS > 6
-                case 6: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 6); break;
-#endif
-#if ROWS > 7
-                case 7: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 7); break;
-#endif
-#if ROWS > 8
-                case 8: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 8); break;
-#endif
-#if ROWS > 9
-                case 9: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 9); break;
-#endif
-#if ROWS > 10
-                case 10: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 10); break;
-#endif
-#if ROWS > 11
-                case 11: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, 11); break;
-#endif
-                default: tile(xt, ldx, pg, pairs, bg, yt, ldy, cols, ROWS); break;
+#define F32_GROUP 16
+
+int64_t structspec_linear_f32_packed_floats(int64_t n, int64_t k) { return (n + F32_GROUP - 1) / F32_GROUP * k * F32_GROUP; }
+
+/* w [n, k] fp32 (row stride ldw) -> p [groups][k][16], zero past n */
+void structspec_linear_f32_pack(const float *w, int64_t ldw, int64_t n, int64_t k, float *p) {
+    const int64_t groups = (n + F32_GROUP - 1) / F32_GROUP;
+#pragma omp parallel for schedule(static)
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t j = 0; j < k; j++)
+            for (int64_t l = 0; l < F32_GROUP; l++) {
+                const int64_t o = g * F32_GROUP + l;
+                p[(g * k + j) * F32_GROUP + l] = o < n ? w[o * ldw + j] : 0.0f;
             }
-            r0 += take;
+}
+
+/* rows x (blocks groups of 16 columns, the groups' packed streams k * 16 floats apart) */
+static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t ldx, const float *p, int64_t k,
+                                                           const float *bias, float *y, int64_t ldy,
+                                                           int64_t cols, const int rows, const int blocks) {
+    __m512 acc[16][F32_MANY_BLOCKS > 1 ? F32_MANY_BLOCKS : 1];
+    for (int r = 0; r < rows; r++)
+        for (int b = 0; b < blocks; b++) acc[r][b] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < k; j++) {
+        __m512 w[F32_MANY_BLOCKS > 1 ? F32_MANY_BLOCKS : 1];
+        for (int b = 0; b < blocks; b++) {
+            const float *pj = p + (b * k + j) * F32_GROUP;
+            _mm_prefetch((const char *)pj + AHEAD, _MM_HINT_T0);
+            w[b] = _mm512_loadu_ps(pj);
         }
+        for (int r = 0; r < rows; r++) {
+            const __m512 xb = _mm512_set1_ps(x[r * ldx + j]);
+            for (int b = 0; b < blocks; b++) acc[r][b] = _mm512_fmadd_ps(xb, w[b], acc[r][b]);
+        }
+    }
+    for (int b = 0; b < blocks; b++) {
+        const int64_t left = cols - 16 * b;
+        if (left <= 0) break;
+        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        const __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * b) : _mm512_setzero_ps();
+        for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + r * ldy + 16 * b, m, _mm512_add_ps(acc[r][b], bb));
+    }
+}
+
+/* y [m, n] = x [m, k] by the packed fp32 weight (+ bias or NULL); fp32 rows, unit last stride */
+void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *p, const float *bias,
+                           float *y, int64_t ldy, int64_t n, int threads) {
+    const int64_t groups = (n + F32_GROUP - 1) / F32_GROUP;
+    const int few = m <= F32_FEW_ROWS, span = few ? 1 : F32_MANY_BLOCKS; /* groups a tile */
+    const int64_t spans = (groups + span - 1) / span;
+    const int parallel = threads > 1 && spans > 1 && groups * k * F32_GROUP * 4 >= PARALLEL_MIN_BYTES;
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+    for (int64_t s = 0; s < spans; s++) {
+        const int64_t c0 = s * span * F32_GROUP, cols = n - c0 < span * F32_GROUP ? n - c0 : span * F32_GROUP;
+        const float *ps = p + s * span * k * F32_GROUP;
+        const float *bs = bias ? bias + c0 : 0;
+        const int blocks = (int)((cols + F32_GROUP - 1) / F32_GROUP);
+#define F32_TILE(rows, nb) tile_f32(x + r0 * ldx, ldx, ps, k, bs, y + r0 * ldy + c0, ldy, cols, rows, nb)
+#define FEW(rows) F32_TILE(rows, 1)
+#define MANY(rows) F32_TILE(rows, F32_MANY_BLOCKS)
+        if (few) {
+            TILES(m, F32_FEW_ROWS, CASES15, FEW)
+        } else if (blocks == F32_MANY_BLOCKS) {
+            TILES(m, F32_MANY_ROWS, CASES15, MANY)
+        } else { /* the last span, fewer groups: one at a time */
+            for (int b = 0; b < blocks; b++) {
+                const float *pb = ps + b * k * F32_GROUP;
+                const float *bb = bs ? bs + b * F32_GROUP : 0;
+                const int64_t cb = cols - b * F32_GROUP < F32_GROUP ? cols - b * F32_GROUP : F32_GROUP;
+#define ONE(rows) tile_f32(x + r0 * ldx, ldx, pb, k, bb, y + r0 * ldy + c0 + b * F32_GROUP, ldy, cb, rows, 1)
+                TILES(m, F32_MANY_ROWS, CASES15, ONE)
+#undef ONE
+            }
+        }
+#undef MANY
+#undef FEW
+#undef F32_TILE
     }
 }

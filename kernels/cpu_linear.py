@@ -1,20 +1,22 @@
-"""bf16 linear layers on a CPU with AVX512-BF16, in C (kernels/cpu_linear.c).
+"""Linear layers on a CPU for a few rows, in C (kernels/cpu_linear.c): bf16 on CPUs with
+AVX512-BF16, fp32 on CPUs with AVX-512F.
 
 A decode or verification pass multiplies a few rows by every weight matrix: its time is the
-weight read plus the arithmetic that does not overlap it. oneDNN's prepacked bf16 GEMM (the
-engine's other CPU path, structspec/engine/packed.py) overlaps them poorly on CPUs without AMX;
-cpu_linear.c packs each weight once into the order its loop streams it, prefetches ahead, and
-holds up to eight rows in registers against each loaded weight pair (docs/kernels.md; figures in
-docs/benchmarks.md).
+weight read plus the arithmetic that does not overlap it. oneDNN's prepacked GEMM (the engine's
+other CPU path, structspec/engine/packed.py) overlaps them poorly on CPUs without AMX (bf16) and
+on CPUs without bf16 units (fp32); cpu_linear.c packs each weight once into the order its loop
+streams it, prefetches ahead, and holds up to eight rows in registers against each loaded weight
+step (docs/kernels.md; figures in docs/benchmarks.md).
 
-* ``pack(weight, bias)``: the packed copy of a bf16 [n, k] weight (k even) and its bias;
-* ``linear(x, packed)``: x [..., k] bf16 by it, [..., n] bf16.
+* ``pack(weight, bias)``: the packed copy of a bf16 [n, k] weight (k even) or an fp32 one, and its bias;
+* ``linear(x, packed)``: x [..., k] in the weight's dtype by it, [..., n] in that dtype;
+* ``dtypes``: the weight dtypes this CPU's build serves.
 
-Each output is one fp32 chain over the k pairs in order, whatever the row count: a row's result
-does not depend on the rows beside it. The order is not oneDNN's, so results differ from
-F.linear's in the last bits of the fp32 sum (one bf16 unit where the sum lies at a rounding
+Each output is one fp32 chain over k in order, whatever the row count: a row's result does not
+depend on the rows beside it. The order is not oneDNN's, so results differ from F.linear's in
+the last bits of the fp32 sum (in bf16, one bf16 unit where the sum lies at a rounding
 boundary). Built at first use by kernels/native.py; ``load`` raises ``RuntimeError`` saying why
-not (no compiler, a CPU without AVX512-BF16).
+not (no compiler, a CPU without AVX-512F).
 """
 
 from __future__ import annotations
@@ -31,16 +33,25 @@ __all__ = ["NativeLinear", "PackedWeight", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FLAGS: tuple[str, ...] = ()
+# each element type's (packed size, pack, linear) functions in the library
+SYMBOLS = {"f32": ("structspec_linear_f32_packed_floats", "structspec_linear_f32_pack", "structspec_linear_f32"),
+           "bf16": ("structspec_linear_packed_words", "structspec_linear_pack", "structspec_linear")}
 
 
 @dataclass(frozen=True)
 class PackedWeight:
-    """A weight in cpu_linear.c's order: `words` int32 [groups * k / 2 * GROUP], `bias` fp32 or None."""
+    """A weight in cpu_linear.c's order: `words` [groups * k / 2 * GROUP] int32 (bf16 pairs) for a
+    bf16 weight, [groups * k * GROUP] fp32 for an fp32 one; `bias` fp32 or None."""
 
     words: torch.Tensor
     bias: torch.Tensor | None
     out_features: int
     in_features: int
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weight packed (and of the rows it multiplies)."""
+        return torch.float32 if self.words.dtype == torch.float32 else torch.bfloat16
 
 
 class NativeLinear:
@@ -48,14 +59,18 @@ class NativeLinear:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = native.open_library(path, SOURCE, "structspec_linear_version", 1)
+        lib = native.open_library(path, SOURCE, "structspec_linear_version", 2)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.structspec_linear_packed_words.argtypes = [i64, i64]
-        lib.structspec_linear_packed_words.restype = i64
-        lib.structspec_linear_pack.argtypes = [ptr, i64, i64, i64, ptr]
-        lib.structspec_linear_pack.restype = None
-        lib.structspec_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int]
-        lib.structspec_linear.restype = None
+        lib.structspec_linear_types.restype = ctypes.c_int
+        served = {torch.float32: "f32"} | ({torch.bfloat16: "bf16"} if lib.structspec_linear_types() & 2 else {})
+        self.dtypes = frozenset(served)
+        self._size, self._pack, self._run = {}, {}, {}
+        for dtype, name in served.items():  # the bf16 symbols exist only in an AVX512-BF16 build
+            size, pack, run = (getattr(lib, symbol) for symbol in SYMBOLS[name])
+            size.argtypes, size.restype = [i64, i64], i64
+            pack.argtypes, pack.restype = [ptr, i64, i64, i64, ptr], None
+            run.argtypes, run.restype = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int], None
+            self._size[dtype], self._pack[dtype], self._run[dtype] = size, pack, run
         self._lib = lib
 
     def __deepcopy__(self, memo):  # a copied layer shares the process's library
@@ -65,42 +80,51 @@ class NativeLinear:
         return NativeLinear, (self.path,)
 
     def entry_point(self) -> int:
-        """The address of structspec_linear (for kernels/cpu_forward.c, which calls it from C)."""
-        return native.address(self._lib.structspec_linear)
+        """The address of the bf16 structspec_linear (for kernels/cpu_forward.c, which calls it from C)."""
+        if torch.bfloat16 not in self.dtypes:
+            raise RuntimeError("this build of the linear kernel has no bf16 (the CPU lacks AVX512-BF16)")
+        return native.address(self._run[torch.bfloat16])
+
+    def serves(self, weight: torch.Tensor) -> bool:
+        """Whether `weight` (a layer's [n, k]) can run through this library."""
+        return (weight.device.type == "cpu" and weight.dtype in self.dtypes
+                and (weight.dtype != torch.bfloat16 or weight.shape[-1] % 2 == 0))
 
     def pack(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> PackedWeight:
-        """`weight` [n, k] (bf16, on the CPU, k even) in the kernel's order; `bias` [n] kept in fp32."""
-        if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.device.type != "cpu":
-            raise ValueError(f"weight must be a 2-D bf16 CPU tensor, got {weight.dtype} {tuple(weight.shape)} "
+        """`weight` [n, k] (bf16 with k even, or fp32; on the CPU) in the kernel's order; `bias` [n]
+        kept in fp32."""
+        names = " or ".join(sorted(str(t).removeprefix("torch.") for t in self.dtypes))
+        if weight.dim() != 2 or weight.dtype not in self.dtypes or weight.device.type != "cpu":
+            raise ValueError(f"weight must be a 2-D {names} CPU tensor, got {weight.dtype} {tuple(weight.shape)} "
                              f"on {weight.device}")
         n, k = weight.shape
-        if k % 2:
-            raise ValueError(f"the kernel reads the inputs in pairs: in_features must be even, got {k}")
+        if k % 2 and weight.dtype == torch.bfloat16:
+            raise ValueError(f"the bf16 kernel reads the inputs in pairs: in_features must be even, got {k}")
         if bias is not None and tuple(bias.shape) != (n,):
             raise ValueError(f"bias must have shape ({n},), got {tuple(bias.shape)}")
         w = weight.detach()
         if w.stride(1) != 1:
             w = w.contiguous()
-        words = torch.empty(self._lib.structspec_linear_packed_words(n, k), dtype=torch.int32)
-        self._lib.structspec_linear_pack(w.data_ptr(), w.stride(0), n, k, words.data_ptr())
+        words = torch.empty(self._size[w.dtype](n, k), dtype=torch.int32 if w.dtype == torch.bfloat16 else w.dtype)
+        self._pack[w.dtype](w.data_ptr(), w.stride(0), n, k, words.data_ptr())
         b = None if bias is None else bias.detach().to(torch.float32).contiguous()
         return PackedWeight(words, b, n, k)
 
     def linear(self, x: torch.Tensor, packed: PackedWeight, threads: int | None = None) -> torch.Tensor:
-        """x [..., k] (bf16, on the CPU) by `packed`: [..., n] bf16."""
-        k, n = packed.in_features, packed.out_features
-        if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape[-1] != k:
-            raise ValueError(f"x must be bf16 on the CPU with last dimension {k}, got {x.dtype} "
-                             f"{tuple(x.shape)} on {x.device}")
+        """x [..., k] (on the CPU, in the packed weight's dtype) by `packed`: [..., n] in that dtype."""
+        k, n, dtype = packed.in_features, packed.out_features, packed.dtype
+        if x.dtype != dtype or x.device.type != "cpu" or x.shape[-1] != k:
+            raise ValueError(f"x must be {str(dtype).removeprefix('torch.')} on the CPU with last dimension {k}, "
+                             f"got {x.dtype} {tuple(x.shape)} on {x.device}")
         rows = x.reshape(-1, k) if x.dim() != 2 else x
         if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
             rows = rows.contiguous()
         m = rows.shape[0]
-        out = torch.empty(m, n, dtype=torch.bfloat16)
+        out = torch.empty(m, n, dtype=dtype)
         if m:
-            self._lib.structspec_linear(rows.data_ptr(), rows.stride(0), m, k, packed.words.data_ptr(),
-                                        None if packed.bias is None else packed.bias.data_ptr(),
-                                        out.data_ptr(), n, n, threads or torch.get_num_threads())
+            self._run[dtype](rows.data_ptr(), rows.stride(0), m, k, packed.words.data_ptr(),
+                             None if packed.bias is None else packed.bias.data_ptr(),
+                             out.data_ptr(), n, n, threads or torch.get_num_threads())
         return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
 

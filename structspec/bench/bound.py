@@ -171,7 +171,7 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     """The default model in `dtype`, its linear layers prepacked or not (engine/packed.py), through
     the lean forward (engine/lean.py) or its own, its attention as `kernel_backend` picks it
     ("torch": SDPA per sequence; "auto" on a CPU: the native kernel), the lean forward's
-    elementwise steps fused in C where the engine picks that (`fused`; False: torch's), its bf16
+    elementwise steps fused in C where the engine picks that (`fused`; False: torch's), its
     linear layers through kernels/cpu_linear.c where the engine picks that (`native_linear`;
     False: oneDNN's packing), its layer loop in C where the engine picks that (`layer_loop`;
     False: in Python)."""

@@ -1,11 +1,11 @@
-"""Micro-benchmark of the bf16 linear layers on a CPU: oneDNN's prepacked GEMM against
-kernels/cpu_linear.c, at the default model's shapes.
+"""Micro-benchmark of the linear layers on a CPU: oneDNN's prepacked GEMM against
+kernels/cpu_linear.c, at the default model's shapes, in bf16 or fp32.
 
-    python -m structspec.bench.linear [--rows 1,4,16,32,64,128,512] [--layers 30]
+    python -m structspec.bench.linear [--rows 1,4,16,32,64,128,512] [--layers 30] [--dtype float32]
 
 SmolLM2-135M's four GEMMs a layer (q/k/v fused 576 -> 960, o 576 -> 576, gate/up fused 576 ->
 3,072, down 1,536 -> 576) for `--layers` layers of distinct random weights, then the 49,152-row
-lm_head: 269 MB of bf16 weights, more than any cache here, so each pass streams them from
+lm_head: 269 MB of bf16 weights (538 MB in fp32), more than any cache here, so each pass streams them from
 memory as the engine's passes do. Prints, per row count, the best of several passes each way
 (interleaved), and the time to read the weights once at the bandwidth of a 1 GiB sum measured in
 the same run. A benchmark: run it alone.
@@ -40,23 +40,27 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m structspec.bench.linear", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,4,16,32,64,128,512", help="row counts (comma-separated)")
     p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     native = load()
+    if dtype not in native.dtypes:
+        raise SystemExit(f"the native linear kernel has no {args.dtype} on this CPU (bf16 needs AVX512-BF16)")
     gen = torch.Generator().manual_seed(0)
-    plain = [{k: (torch.randn(n, i, generator=gen) * 0.05).bfloat16() for k, (i, n) in SHAPES.items()}
+    plain = [{k: (torch.randn(n, i, generator=gen) * 0.05).to(dtype) for k, (i, n) in SHAPES.items()}
              for _ in range(args.layers)]
-    head = (torch.randn(VOCAB, 576, generator=gen) * 0.05).bfloat16()
-    nbytes = (sum(w.numel() for layer in plain for w in layer.values()) + head.numel()) * 2
+    head = (torch.randn(VOCAB, 576, generator=gen) * 0.05).to(dtype)
+    nbytes = (sum(w.numel() for layer in plain for w in layer.values()) + head.numel()) * head.element_size()
     onednn = [{k: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for k, w in layer.items()} for layer in plain]
     ours = [{k: native.pack(w) for k, w in layer.items()} for layer in plain]
     head_onednn, head_ours = torch.ops.mkldnn._reorder_linear_weight(head, PACK_ROWS), native.pack(head)
     del plain, head
     read_ms = nbytes / (memory_gbps() * 1e9) * 1000
-    print(f"{nbytes / 1e6:.0f} MB of bf16 weights, read once in {read_ms:.2f} ms; {torch.get_num_threads()} threads")
+    print(f"{nbytes / 1e6:.0f} MB of {args.dtype} weights, read once in {read_ms:.2f} ms; {torch.get_num_threads()} threads")
     print("| rows | oneDNN (ms) | native (ms) | oneDNN / native | native / weight read |")
     print("|---|---|---|---|---|")
     for m in (int(x) for x in args.rows.split(",")):
-        xs = {k: torch.randn(m, i, generator=gen).bfloat16() for k, (i, _) in SHAPES.items()}
+        xs = {k: torch.randn(m, i, generator=gen).to(dtype) for k, (i, _) in SHAPES.items()}
 
         def run_onednn():
             for layer in onednn:

@@ -250,9 +250,10 @@ class LeanForward:
 
     def loops_natively(self) -> bool:
         """Whether a pass with the native attention runs its layer loop in C: the loop library is
-        there, with the fused steps, and every layer's GEMMs run through the native kernel."""
+        there, with the fused steps, and every layer's GEMMs run through the native kernel in bf16
+        (the loop's only dtype; the kernel's fp32 layers loop in Python)."""
         return self.layer_loop is not None and self.ops is not None and all(
-            isinstance(m, PackedLinear) and m.uses_native() for m in self._gemms)
+            isinstance(m, PackedLinear) and m.uses_native() and m.weight.dtype == torch.bfloat16 for m in self._gemms)
 
     def _layer_plan(self, attention):
         """The layer loop's plan (kernels.cpu_forward.Plan) for `attention` (the step's

@@ -10,11 +10,12 @@ layers"). bf16 results are bit-identical to `F.linear`; fp32 results differ in t
 (another summation order), which the engine's near-tie tests cover.
 
 On CPUs with AVX512-BF16 and no AMX, a bf16 engine under kernel_backend "auto" packs for
-kernels/cpu_linear.c instead (`native_linear`): oneDNN overlaps the weight read with the
+kernels/cpu_linear.c instead (`native_linear`), and so does an fp32 engine on CPUs with AVX-512F
+and no bf16 units at all (where `auto` runs fp32): oneDNN overlaps the weight read with the
 arithmetic poorly there, and the C loop streams its own order with prefetches (docs/kernels.md;
 measured in docs/benchmarks.md). Its results differ from F.linear's in the last bits of the
 fp32 sum, as fp32 oneDNN's do. AMX CPUs keep oneDNN (its AMX kernels; not measured against the C
-loop yet).
+loop yet), and so does fp32 on CPUs with bf16 units (run only where asked for).
 
 The original weights stay where they are (the embedding may share one, and code reads their
 shape and dtype): packing adds the size of the linear weights to memory.
@@ -84,9 +85,7 @@ class PackedLinear(nn.Module):
 
     def uses_native(self) -> bool:
         """Whether the weight as it is now runs through the native kernel."""
-        w = self.weight
-        return (self.native is not None and w.device.type == "cpu" and w.dtype == torch.bfloat16
-                and self.in_features % 2 == 0)
+        return self.native is not None and self.native.serves(self.weight)
 
     def __getstate__(self):  # deepcopy and pickle: oneDNN's opaque tensor cannot be copied; repacked on use
         return {**super().__getstate__(), "packed": None, "_packed_for": ()}
@@ -126,21 +125,30 @@ def bf16_unpackable() -> str | None:
 
 def native_linear(kernel_backend: str, model: nn.Module, cache_dir):
     """kernels/cpu_linear.c's library where it serves `model` (module docstring): kernel_backend
-    "auto", bf16 weights on a CPU with AVX512-BF16 and no AMX; else None (logged why, where the
-    model is bf16 on a CPU)."""
+    "auto", on a CPU, bf16 weights where the CPU has AVX512-BF16 and no AMX, fp32 weights where
+    it has no bf16 matrix units at all (AVX-512F); else None (logged why, where it could apply)."""
+    from structspec.engine.model import cpu_has_bf16_matmul
+
     param = next(model.parameters())
-    if kernel_backend != "auto" or param.device.type != "cpu" or param.dtype != torch.bfloat16:
+    if kernel_backend != "auto" or param.device.type != "cpu" or param.dtype not in (torch.bfloat16, torch.float32):
         return None
-    if getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
+    if param.dtype == torch.bfloat16 and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
         log.info("bf16 linear layers through oneDNN (this CPU has AMX; kernels/cpu_linear.c serves CPUs without)")
         return None
+    if param.dtype == torch.float32 and cpu_has_bf16_matmul():
+        return None  # fp32 only where asked for there (auto runs bf16): oneDNN's, not measured against the C loop
     try:
         from kernels.cpu_linear import load
 
-        return load(cache_dir)
-    except Exception as e:  # no compiler, a CPU without AVX512-BF16: oneDNN's packing
-        log.info("bf16 linear layers through oneDNN: the native linear kernel is unavailable (%s)", e)
+        native = load(cache_dir)
+    except Exception as e:  # no compiler, a CPU without AVX-512F: oneDNN's packing
+        log.info("linear layers through oneDNN: the native linear kernel is unavailable (%s)", e)
         return None
+    if param.dtype not in native.dtypes:
+        log.info("bf16 linear layers through oneDNN: this CPU's build of the native linear kernel has no bf16 "
+                 "(no AVX512-BF16)")
+        return None
+    return native
 
 
 def pack_linears(model: nn.Module, native=None) -> int:

@@ -9,14 +9,14 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 from test_cpu_layer import llama
-from test_cpu_linear import ENGINE_PICKS_IT, HAS_DPBF16
+from test_cpu_linear import ENGINE_PICKS_IT, HAS_AVX512F, needs_dpbf16
 
 from kernels import cpu_linear
 from tests.unit.engine.test_lean import steps
 
 pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones"),
-              pytest.mark.skipif(not HAS_DPBF16, reason="the loop runs the native linear kernel, which needs "
-                                 "AVX512-BF16 (test_cpu_linear checks its refusal elsewhere)")]
+              pytest.mark.skipif(not HAS_AVX512F, reason="the loop runs the native linear kernel, which needs "
+                                 "AVX-512F (test_cpu_linear checks its refusal elsewhere)")]
 
 
 def runner_for(model, tmp_path):
@@ -31,6 +31,7 @@ def passes(runner):
     return steps(runner, first=70)
 
 
+@needs_dpbf16
 def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path):
     runner = runner_for(llama(torch.bfloat16), tmp_path)
     lean = runner.lean
@@ -45,6 +46,7 @@ def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path):
         assert torch.equal(g, w)
 
 
+@needs_dpbf16
 def test_the_plan_follows_a_weight_changed_in_place(tmp_path):
     runner = runner_for(llama(torch.bfloat16), tmp_path)
     lean, loop = runner.lean, runner.lean.layer_loop
@@ -61,6 +63,7 @@ def test_the_plan_follows_a_weight_changed_in_place(tmp_path):
         assert torch.equal(g, w) and not torch.equal(g, b)
 
 
+@needs_dpbf16
 def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
     runner = runner_for(llama(torch.bfloat16), tmp_path)
     lean = runner.lean
@@ -78,6 +81,7 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
         loop.plan(lean.linear, lean.ops, runner.native, [], 4, 2, 96)
 
 
+@needs_dpbf16
 def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeypatch, caplog, tmp_path):
     import kernels.cpu_forward
 
@@ -91,8 +95,10 @@ def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeyp
 
 
 def test_fp32_models_loop_in_python(tmp_path):
-    """The native linear kernel is bf16: an fp32 model's GEMMs go through oneDNN, so no plan."""
+    """The C layer loop is bf16: an fp32 model's GEMMs (oneDNN's, or the native kernel's fp32 on a
+    CPU with AVX-512F and no bf16 units) loop in Python, so no plan."""
     runner = runner_for(llama(torch.float32), tmp_path)
+    assert all(m.uses_native() for m in runner.lean._gemms)  # every GEMM the kernel's, in fp32
     passes(runner)
     assert not runner.lean.loops_natively() and runner.lean._plan is None
 
@@ -109,6 +115,7 @@ def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, tmp_path)
     assert Engine(tiny_normal_loaded, cache_dir=tmp_path).layer_loop == "python"  # fp32
 
 
+@needs_dpbf16
 def test_the_c_loop_agrees_with_the_models_own_eager_forward(tmp_path):
     """Against transformers' own forward (eager operators, torch attention): within the fused
     steps' bf16 rounding (RMSNorm's and SiLU's last bits; tests/kernels/test_cpu_layer.py)."""

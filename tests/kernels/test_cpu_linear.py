@@ -1,5 +1,5 @@
-"""The native bf16 linear kernel (kernels/cpu_linear.c) against an exact reference, its row
-independence, its argument checks, and the engine's choice of it (engine/packed.py)."""
+"""The native linear kernel (kernels/cpu_linear.c), bf16 and fp32, against an exact reference,
+its row independence, its argument checks, and the engine's choice of it (engine/packed.py)."""
 
 from __future__ import annotations
 
@@ -25,11 +25,16 @@ def cpu_flags() -> set[str]:
 
 
 FLAGS = cpu_flags()
+HAS_AVX512F = "avx512f" in FLAGS
 HAS_DPBF16 = "avx512_bf16" in FLAGS
-# the engine picks the kernel on CPUs with AVX512-BF16 and without AMX (engine/packed.py)
+# the engine picks the kernel for bf16 on CPUs with AVX512-BF16 and without AMX, and for fp32 on
+# CPUs with AVX-512F and no bf16 units at all (engine/packed.py)
 ENGINE_PICKS_IT = HAS_DPBF16 and "amx_tile" not in FLAGS
-needs_dpbf16 = pytest.mark.skipif(not HAS_DPBF16, reason="this CPU lacks AVX512-BF16, which the kernel needs "
-                                  "(test_the_kernel_builds_where_the_cpu_has_avx512_bf16_... checks the refusal)")
+ENGINE_PICKS_F32 = HAS_AVX512F and not HAS_DPBF16 and "amx_tile" not in FLAGS
+needs_dpbf16 = pytest.mark.skipif(not HAS_DPBF16, reason="this CPU lacks AVX512-BF16, which the bf16 kernel needs "
+                                  "(test_the_kernel_builds_where_the_cpu_has_avx512f_... checks the refusal)")
+needs_avx512f = pytest.mark.skipif(not HAS_AVX512F, reason="this CPU lacks AVX-512F, which the kernel needs "
+                                   "(test_the_kernel_builds_where_the_cpu_has_avx512f_... checks the refusal)")
 
 
 @pytest.fixture(scope="module")
@@ -66,13 +71,29 @@ def test_each_output_is_the_exact_sum_rounded_once_to_bf16_within_fp32_accumulat
         assert (got == want).float().mean() > 0.95
 
 
-@needs_dpbf16
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib):
-    """Every output is one chain over the k pairs in order, so a row computed among 1, 2, ..., 40
-    rows (tiles of every size, the row at every place in its tile) has the same bits."""
-    w = rand(200, 576, seed=4, scale=0.05)
+@needs_avx512f
+@pytest.mark.parametrize("m, k, n", SHAPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_each_fp32_output_is_the_exact_sum_within_fp32_accumulation(m, k, n, with_bias, lib):
+    w, x = rand(n, k, seed=1, scale=0.05, dtype=torch.float32), rand(m, k, seed=2, dtype=torch.float32)
+    bias = rand(n, seed=3, dtype=torch.float32) if with_bias else None
+    got = lib.linear(x, lib.pack(w, bias))
+    exact = x.double() @ w.double().T + (0 if bias is None else bias.double())
+    # fp32 accumulation over k products and the bias: |error| <= (k + 1) * 2^-24 * sum of |terms|
+    scale = (x.double().abs() @ w.double().abs().T) + (0 if bias is None else bias.double().abs())
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    assert bool(((got.double() - exact).abs() <= (k + 1) * 2.0 ** -24 * scale * 1.01).all())
+    assert torch.allclose(got, F.linear(x, w, bias), rtol=1e-4, atol=1e-4)  # F.linear: another order
+
+
+@needs_avx512f
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)])
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, dtype):
+    """Every output is one chain over k in order, so a row computed among 1, 2, ..., 40 rows
+    (tiles of every size, the row at every place in its tile) has the same bits."""
+    w = rand(200, 576, seed=4, scale=0.05, dtype=dtype)
     packed = lib.pack(w)
-    x = rand(40, 576, seed=5)
+    x = rand(40, 576, seed=5, dtype=dtype)
     alone = torch.cat([lib.linear(x[i:i + 1], packed) for i in range(40)])
     for m in (2, 5, 8, 9, 17, 40):
         for start in range(0, 40, m):
@@ -80,40 +101,50 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib):
     assert torch.equal(lib.linear(x, packed, threads=1), alone)  # and the thread count changes nothing
 
 
-@needs_dpbf16
-def test_strided_rows_and_leading_dimensions(lib):
-    w = rand(96, 64, seed=6)
+@needs_avx512f
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)])
+def test_strided_rows_and_leading_dimensions(lib, dtype):
+    w = rand(96, 64, seed=6, dtype=dtype)
     packed = lib.pack(w)
-    wide = rand(5, 100, seed=7)
+    wide = rand(5, 100, seed=7, dtype=dtype)
     view = wide[:, 10:74]  # rows with a stride of 100 elements
     assert torch.equal(lib.linear(view, packed), lib.linear(view.contiguous(), packed))
-    x3 = rand(2, 3, 64, seed=8)
+    x3 = rand(2, 3, 64, seed=8, dtype=dtype)
     assert torch.equal(lib.linear(x3, packed), lib.linear(x3.reshape(6, 64), packed).view(2, 3, 96))
-    assert lib.linear(rand(0, 64, seed=9), packed).shape == (0, 96)
-    w_view = rand(96, 80, seed=10)[:, :64]  # a weight with a row stride past its width
+    assert lib.linear(rand(0, 64, seed=9, dtype=dtype), packed).shape == (0, 96)
+    w_view = rand(96, 80, seed=10, dtype=dtype)[:, :64]  # a weight with a row stride past its width
     assert torch.equal(lib.linear(view, lib.pack(w_view)), lib.linear(view, lib.pack(w_view.contiguous())))
 
 
-@needs_dpbf16
+@needs_avx512f
 def test_bad_arguments_are_refused_saying_what_is_wrong(lib):
-    with pytest.raises(ValueError, match="in_features must be even"):
-        lib.pack(rand(8, 7, seed=1))
-    with pytest.raises(ValueError, match="2-D bf16"):
-        lib.pack(rand(8, 8, seed=1, dtype=torch.float32))
+    served = "bfloat16 or float32" if HAS_DPBF16 else "float32"
+    with pytest.raises(ValueError, match=f"2-D {served} CPU tensor, got torch.float16"):
+        lib.pack(rand(8, 8, seed=1, dtype=torch.float16))
     with pytest.raises(ValueError, match=r"bias must have shape \(8,\)"):
-        lib.pack(rand(8, 8, seed=1), torch.zeros(9))
-    packed = lib.pack(rand(8, 8, seed=1))
+        lib.pack(rand(8, 8, seed=1, dtype=torch.float32), torch.zeros(9))
+    packed = lib.pack(rand(8, 8, seed=1, dtype=torch.float32))
     with pytest.raises(ValueError, match="last dimension 8"):
-        lib.linear(rand(2, 6, seed=2), packed)
-    with pytest.raises(ValueError, match="must be bf16"):
-        lib.linear(rand(2, 8, seed=2, dtype=torch.float32), packed)
-
-
-def test_the_kernel_builds_where_the_cpu_has_avx512_bf16_and_says_why_not_elsewhere(tmp_path):
+        lib.linear(rand(2, 6, seed=2, dtype=torch.float32), packed)
+    with pytest.raises(ValueError, match="must be float32"):
+        lib.linear(rand(2, 8, seed=2, dtype=torch.float16), packed)
     if HAS_DPBF16:
-        assert load(tmp_path).path.parent == tmp_path
+        with pytest.raises(ValueError, match="in_features must be even"):
+            lib.pack(rand(8, 7, seed=1))
+        with pytest.raises(ValueError, match="must be bfloat16"):
+            lib.linear(rand(2, 8, seed=2, dtype=torch.float32), lib.pack(rand(8, 8, seed=1)))
     else:
-        with pytest.raises(RuntimeError, match="AVX512-BF16"):
+        with pytest.raises(RuntimeError, match="no bf16"):
+            lib.entry_point()
+
+
+def test_the_kernel_builds_where_the_cpu_has_avx512f_with_bf16_where_it_has_avx512_bf16(tmp_path):
+    if HAS_AVX512F:
+        lib = load(tmp_path)
+        assert lib.path.parent == tmp_path
+        assert lib.dtypes == ({torch.float32, torch.bfloat16} if HAS_DPBF16 else {torch.float32})
+    else:
+        with pytest.raises(RuntimeError, match="AVX-512F"):
             load(tmp_path)
 
 
@@ -139,7 +170,9 @@ def test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it(tiny
         assert isinstance(engine.loaded.model.lm_head, PackedLinear) and engine.loaded.model.lm_head.uses_native()
         assert list((tmp_path / "kernels").glob("cpu_linear_*.so"))  # built where the engine was told
     assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").linear == onednn_bf16
-    assert Engine(tiny_normal_loaded).linear == "onednn"  # fp32 weights: oneDNN's packing
+    # fp32 weights: the kernel where the CPU has AVX-512F and no bf16 units, else oneDNN's packing
+    assert Engine(tiny_normal_loaded, cache_dir=tmp_path).linear == ("native" if ENGINE_PICKS_F32 else "onednn")
+    assert Engine(tiny_normal_loaded, kernel_backend="torch").linear == "onednn"
     assert Engine(bf16_loaded(tiny_normal_loaded), engine_packed_linear=False).linear == "torch"
 
 
@@ -161,21 +194,26 @@ def test_a_failing_build_keeps_onednn_and_a_repacked_model_follows_the_engine(ti
     assert Engine(loaded, kernel_backend="torch").linear == "onednn"
 
 
-@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the kernel only on CPUs with AVX512-BF16 "
-                    "and no AMX")
+@pytest.mark.parametrize("dtype", [
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the bf16 "
+                                                          "kernel only on CPUs with AVX512-BF16 and no AMX")),
+    pytest.param(torch.float32, marks=pytest.mark.skipif(not ENGINE_PICKS_F32, reason="the engine picks the fp32 "
+                                                         "kernel only on CPUs with AVX-512F and no bf16 units"))])
 def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny_normal_loaded, monkeypatch,
-                                                                           tmp_path):
+                                                                           tmp_path, dtype):
     """Both sum in fp32, in different orders: where a run through the kernel parts from the same
     run through oneDNN (everything else equal), the oneDNN run's top-2 allowed logits there were
-    within the bf16 near-tie epsilon (tests/unit/engine/test_bf16.py), and most runs never part."""
+    within the dtype's near-tie epsilon (tests/unit/engine/test_bf16.py, test_batched.py), and
+    most runs never part."""
     import structspec.engine.engine as engine_module
     from structspec.bench.exactness import bounded, compare
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows
+    from tests.unit.engine.test_batched import EPS
     from tests.unit.engine.test_bf16 import BF16_EPS
 
-    loaded = bf16_loaded(tiny_normal_loaded)
+    loaded, eps = (bf16_loaded(tiny_normal_loaded), BF16_EPS) if dtype == torch.bfloat16 else (tiny_normal_loaded, EPS)
     requests = [Request(bounded(row["schema"]), row["text"],
                         RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4, max_tokens=80,
                                        verbatim=True), trace=True)
@@ -189,7 +227,7 @@ def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny
     assert onednn.linear == "onednn"
     refs = onednn.run(requests)
     diverged = [d for d in (compare(ref, res) for ref, res in zip(refs, got)) if d is not None]
-    assert all(d.near_tie(BF16_EPS) for d in diverged), diverged
+    assert all(d.near_tie(eps) for d in diverged), diverged
     assert len(diverged) <= len(requests) // 2, diverged
     assert sum(len(res.tokens) for res in got) > 8 * 20  # the runs did real work
 
