@@ -5,8 +5,8 @@ A decode or verification pass multiplies a few rows by every weight matrix: its 
 weight read plus the arithmetic that does not overlap it. oneDNN's prepacked GEMM (the engine's
 other CPU path, structspec/engine/packed.py) overlaps them poorly on CPUs without AMX (bf16) and
 on CPUs without bf16 units (fp32); cpu_linear.c packs each weight once into the order its loop
-streams it, prefetches ahead, and holds up to eight rows in registers against each loaded weight
-step (docs/kernels.md; figures in docs/benchmarks.md).
+streams it, prefetches ahead, and holds up to 8 (bf16) or 16 (fp32) rows in registers against
+each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md).
 
 * ``pack(weight, bias)``: the packed copy of a bf16 [n, k] weight (k even) or an fp32 one, and its bias;
 * ``linear(x, packed)``: x [..., k] in the weight's dtype by it, [..., n] in that dtype;
