@@ -263,7 +263,7 @@ def plan_markdown(s: dict[str, Any]) -> str:
 
 # --- rehearse (runs here, in the rehearsal venv) --------------------------------------------------
 
-# Seconds of each stage on an H200 (docs/gpu.md, "Time"): the largest of the three runs there
+# Seconds of each stage on an H200 (docs/gpu.md, "Time"): the largest of the runs there
 # (2026-11-26 and -27; the third machine ran every launch-bound pass ~2x slower), rounded up with
 # room; throughput's from its shortened torch-attention row. Each call's stages must fit its 520 s
 # deadline, and both calls with a machine start must fit the 15 device minutes a lent task has.
