@@ -1,5 +1,5 @@
 /* Linear layers for a few rows (decode and verification passes): bf16 on CPUs with AVX512-BF16,
- * fp32 on CPUs with AVX-512F.
+ * fp32 on CPUs with AVX-512F or with AVX2 and FMA.
  *
  * A pass over a few rows reads every weight once and does little arithmetic with each, so its
  * time is the weight read plus whatever part of the arithmetic does not overlap it. Here the
@@ -23,8 +23,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#ifndef __AVX512F__
-#error "cpu_linear.c needs AVX-512F; this CPU or compiler lacks it"
+#if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
+#error "cpu_linear.c needs AVX-512F, or AVX2 with FMA; this CPU or compiler lacks both"
 #endif
 
 #ifndef BLOCKS
@@ -42,7 +42,7 @@
 #endif
 #define PARALLEL_MIN_BYTES 131072 /* below this much packed weight, one thread */
 
-int structspec_linear_version(void) { return 2; }
+int structspec_linear_version(void) { return 3; }
 
 /* which element types this build serves: 1 fp32, 2 bf16 (AVX512-BF16), or'ed */
 int structspec_linear_types(void) {
@@ -143,7 +143,7 @@ void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
 }
 #endif /* __AVX512BF16__ */
 
-/* fp32: the same loop, one input a step. A bf16 step's two products an instruction let 8 rows
+/* fp32 with AVX-512 (the AVX2 loop is further down): the same loop, one input a step. A bf16 step's two products an instruction let 8 rows
  * against 3 vectors hide under the weight read; an fp32 step's one product is twice the
  * instructions, and rows of a second tile (read from cache after the first) no longer overlap
  * the stream. So the fp32 weight is packed in groups of 16 columns, and
@@ -180,6 +180,7 @@ void structspec_linear_f32_pack(const float *w, int64_t ldw, int64_t n, int64_t 
             }
 }
 
+#ifdef __AVX512F__
 /* rows x (blocks groups of 16 columns, the groups' packed streams k * 16 floats apart) */
 static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t ldx, const float *p, int64_t k,
                                                            const float *bias, float *y, int64_t ldy,
@@ -243,3 +244,60 @@ void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, co
 #undef F32_TILE
     }
 }
+#else /* AVX2 and FMA: 16 registers of 8 lanes */
+
+/* A group's 16 columns are two registers; a tile holds up to F32_AVX2_ROWS rows against them
+ * (2 x rows accumulators, the two weight registers, a broadcast: at most 15 of the 16), for any
+ * row count, the later tiles of a group reading its weights again from the core's cache. The
+ * same chain over k as the AVX-512 loop, so the same results. */
+#ifndef F32_AVX2_ROWS
+#define F32_AVX2_ROWS 6
+#endif
+#if F32_AVX2_ROWS > 6
+#error "F32_AVX2_ROWS is at most 6 (2 x rows accumulators + 3 must fit the 16 registers)"
+#endif
+
+static inline __m256i lanes_below(int64_t left) { /* all-ones in the lanes < left */
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left < 8 ? left : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t ldx, const float *p, int64_t k,
+                                                           const float *bias, float *y, int64_t ldy,
+                                                           int64_t cols, const int rows) {
+    __m256 acc[F32_AVX2_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < k; j++) {
+        const float *pj = p + j * F32_GROUP;
+        _mm_prefetch((const char *)pj + AHEAD, _MM_HINT_T0);
+        const __m256 w0 = _mm256_loadu_ps(pj), w1 = _mm256_loadu_ps(pj + 8);
+        for (int r = 0; r < rows; r++) {
+            const __m256 xb = _mm256_broadcast_ss(x + r * ldx + j);
+            acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+            acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+        }
+    }
+    for (int b = 0; b < 2; b++) {
+        const int64_t left = cols - 8 * b;
+        if (left <= 0) break;
+        const __m256i m = lanes_below(left);
+        const __m256 bb = bias ? _mm256_maskload_ps(bias + 8 * b, m) : _mm256_setzero_ps();
+        for (int r = 0; r < rows; r++) _mm256_maskstore_ps(y + r * ldy + 8 * b, m, _mm256_add_ps(acc[r][b], bb));
+    }
+}
+
+/* y [m, n] = x [m, k] by the packed fp32 weight (+ bias or NULL); fp32 rows, unit last stride */
+void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const float *p, const float *bias,
+                           float *y, int64_t ldy, int64_t n, int threads) {
+    const int64_t groups = (n + F32_GROUP - 1) / F32_GROUP;
+    const int parallel = threads > 1 && groups > 1 && groups * k * F32_GROUP * 4 >= PARALLEL_MIN_BYTES;
+#pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
+    for (int64_t g = 0; g < groups; g++) {
+        const float *pg = p + g * k * F32_GROUP;
+        const float *bg = bias ? bias + g * F32_GROUP : 0;
+        const int64_t cols = n - g * F32_GROUP < F32_GROUP ? n - g * F32_GROUP : F32_GROUP;
+#define AVX2_TILE(rows) tile_f32(x + r0 * ldx, ldx, pg, k, bg, y + r0 * ldy + g * F32_GROUP, ldy, cols, rows)
+        TILES(m, F32_AVX2_ROWS, CASES7, AVX2_TILE)
+#undef AVX2_TILE
+    }
+}
+#endif /* __AVX512F__ */

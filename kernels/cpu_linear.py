@@ -1,12 +1,12 @@
 """Linear layers on a CPU for a few rows, in C (kernels/cpu_linear.c): bf16 on CPUs with
-AVX512-BF16, fp32 on CPUs with AVX-512F.
+AVX512-BF16, fp32 on CPUs with AVX-512F or with AVX2 and FMA.
 
 A decode or verification pass multiplies a few rows by every weight matrix: its time is the
 weight read plus the arithmetic that does not overlap it. oneDNN's prepacked GEMM (the engine's
 other CPU path, structspec/engine/packed.py) overlaps them poorly on CPUs without AMX (bf16) and
 on CPUs without bf16 units (fp32); cpu_linear.c packs each weight once into the order its loop
-streams it, prefetches ahead, and holds up to 8 (bf16) or 16 (fp32) rows in registers against
-each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md).
+streams it, prefetches ahead, and holds up to 8 (bf16) or 16 (fp32; 6 with AVX2) rows in registers
+against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md).
 
 * ``pack(weight, bias)``: the packed copy of a bf16 [n, k] weight (k even) or an fp32 one, and its bias;
 * ``linear(x, packed)``: x [..., k] in the weight's dtype by it, [..., n] in that dtype;
@@ -16,7 +16,7 @@ Each output is one fp32 chain over k in order, whatever the row count: a row's r
 depend on the rows beside it. The order is not oneDNN's, so results differ from F.linear's in
 the last bits of the fp32 sum (in bf16, one bf16 unit where the sum lies at a rounding
 boundary). Built at first use by kernels/native.py; ``load`` raises ``RuntimeError`` saying why
-not (no compiler, a CPU without AVX-512F).
+not (no compiler, a CPU with neither AVX-512F nor AVX2 and FMA).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class NativeLinear:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = native.open_library(path, SOURCE, "structspec_linear_version", 2)
+        lib = native.open_library(path, SOURCE, "structspec_linear_version", 3)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.structspec_linear_types.restype = ctypes.c_int
         served = {torch.float32: "f32"} | ({torch.bfloat16: "bf16"} if lib.structspec_linear_types() & 2 else {})

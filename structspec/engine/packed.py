@@ -10,8 +10,8 @@ layers"). bf16 results are bit-identical to `F.linear`; fp32 results differ in t
 (another summation order), which the engine's near-tie tests cover.
 
 On CPUs with AVX512-BF16 and no AMX, a bf16 engine under kernel_backend "auto" packs for
-kernels/cpu_linear.c instead (`native_linear`), and so does an fp32 engine on CPUs with AVX-512F
-and no bf16 units at all (where `auto` runs fp32): oneDNN overlaps the weight read with the
+kernels/cpu_linear.c instead (`native_linear`), and so does an fp32 engine on CPUs with AVX-512F or
+AVX2 and no bf16 units at all (where `auto` runs fp32): oneDNN overlaps the weight read with the
 arithmetic poorly there, and the C loop streams its own order with prefetches (docs/kernels.md;
 measured in docs/benchmarks.md). Its results differ from F.linear's in the last bits of the
 fp32 sum, as fp32 oneDNN's do. AMX CPUs keep oneDNN (its AMX kernels; not measured against the C
@@ -126,7 +126,7 @@ def bf16_unpackable() -> str | None:
 def native_linear(kernel_backend: str, model: nn.Module, cache_dir):
     """kernels/cpu_linear.c's library where it serves `model` (module docstring): kernel_backend
     "auto", on a CPU, bf16 weights where the CPU has AVX512-BF16 and no AMX, fp32 weights where
-    it has no bf16 matrix units at all (AVX-512F); else None (logged why, where it could apply)."""
+    it has no bf16 matrix units at all (AVX-512F, or AVX2 and FMA); else None (logged why, where it could apply)."""
     from structspec.engine.model import cpu_has_bf16_matmul
 
     param = next(model.parameters())
@@ -141,7 +141,7 @@ def native_linear(kernel_backend: str, model: nn.Module, cache_dir):
         from kernels.cpu_linear import load
 
         native = load(cache_dir)
-    except Exception as e:  # no compiler, a CPU without AVX-512F: oneDNN's packing
+    except Exception as e:  # no compiler, a CPU with neither AVX-512F nor AVX2: oneDNN's packing
         log.info("linear layers through oneDNN: the native linear kernel is unavailable (%s)", e)
         return None
     if param.dtype not in native.dtypes:

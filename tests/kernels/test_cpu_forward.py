@@ -9,14 +9,14 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 from test_cpu_layer import llama
-from test_cpu_linear import ENGINE_PICKS_IT, HAS_AVX512F, needs_dpbf16
+from test_cpu_linear import ENGINE_PICKS_IT, HAS_KERNEL, needs_dpbf16
 
 from kernels import cpu_linear
 from tests.unit.engine.test_lean import steps
 
 pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones"),
-              pytest.mark.skipif(not HAS_AVX512F, reason="the loop runs the native linear kernel, which needs "
-                                 "AVX-512F (test_cpu_linear checks its refusal elsewhere)")]
+              pytest.mark.skipif(not HAS_KERNEL, reason="the loop runs the native linear kernel, which needs "
+                                 "AVX-512F or AVX2 with FMA (test_cpu_linear checks its refusal elsewhere)")]
 
 
 def runner_for(model, tmp_path):
@@ -96,7 +96,7 @@ def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeyp
 
 def test_fp32_models_loop_in_python(tmp_path):
     """The C layer loop is bf16: an fp32 model's GEMMs (oneDNN's, or the native kernel's fp32 on a
-    CPU with AVX-512F and no bf16 units) loop in Python, so no plan."""
+    CPU with no bf16 units) loop in Python, so no plan."""
     runner = runner_for(llama(torch.float32), tmp_path)
     assert all(m.uses_native() for m in runner.lean._gemms)  # every GEMM the kernel's, in fp32
     passes(runner)

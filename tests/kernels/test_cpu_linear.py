@@ -25,16 +25,16 @@ def cpu_flags() -> set[str]:
 
 
 FLAGS = cpu_flags()
-HAS_AVX512F = "avx512f" in FLAGS
+HAS_KERNEL = "avx512f" in FLAGS or {"avx2", "fma"} <= FLAGS  # the fp32 kernel: AVX-512F, or AVX2 with FMA
 HAS_DPBF16 = "avx512_bf16" in FLAGS
 # the engine picks the kernel for bf16 on CPUs with AVX512-BF16 and without AMX, and for fp32 on
-# CPUs with AVX-512F and no bf16 units at all (engine/packed.py)
+# CPUs with no bf16 units at all (engine/packed.py)
 ENGINE_PICKS_IT = HAS_DPBF16 and "amx_tile" not in FLAGS
-ENGINE_PICKS_F32 = HAS_AVX512F and not HAS_DPBF16 and "amx_tile" not in FLAGS
+ENGINE_PICKS_F32 = HAS_KERNEL and not HAS_DPBF16 and "amx_tile" not in FLAGS
 needs_dpbf16 = pytest.mark.skipif(not HAS_DPBF16, reason="this CPU lacks AVX512-BF16, which the bf16 kernel needs "
-                                  "(test_the_kernel_builds_where_the_cpu_has_avx512f_... checks the refusal)")
-needs_avx512f = pytest.mark.skipif(not HAS_AVX512F, reason="this CPU lacks AVX-512F, which the kernel needs "
-                                   "(test_the_kernel_builds_where_the_cpu_has_avx512f_... checks the refusal)")
+                                  "(test_the_kernel_builds_where_... checks the refusal)")
+needs_kernel = pytest.mark.skipif(not HAS_KERNEL, reason="this CPU lacks both AVX-512F and AVX2 with FMA, one of "
+                                  "which the kernel needs (test_the_kernel_builds_where_... checks the refusal)")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +71,7 @@ def test_each_output_is_the_exact_sum_rounded_once_to_bf16_within_fp32_accumulat
         assert (got == want).float().mean() > 0.95
 
 
-@needs_avx512f
+@needs_kernel
 @pytest.mark.parametrize("m, k, n", SHAPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_each_fp32_output_is_the_exact_sum_within_fp32_accumulation(m, k, n, with_bias, lib):
@@ -86,7 +86,7 @@ def test_each_fp32_output_is_the_exact_sum_within_fp32_accumulation(m, k, n, wit
     assert torch.allclose(got, F.linear(x, w, bias), rtol=1e-4, atol=1e-4)  # F.linear: another order
 
 
-@needs_avx512f
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)])
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, dtype):
     """Every output is one chain over k in order, so a row computed among 1, 2, ..., 40 rows
@@ -101,7 +101,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(lib, dtype):
     assert torch.equal(lib.linear(x, packed, threads=1), alone)  # and the thread count changes nothing
 
 
-@needs_avx512f
+@needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)])
 def test_strided_rows_and_leading_dimensions(lib, dtype):
     w = rand(96, 64, seed=6, dtype=dtype)
@@ -116,7 +116,7 @@ def test_strided_rows_and_leading_dimensions(lib, dtype):
     assert torch.equal(lib.linear(view, lib.pack(w_view)), lib.linear(view, lib.pack(w_view.contiguous())))
 
 
-@needs_avx512f
+@needs_kernel
 def test_bad_arguments_are_refused_saying_what_is_wrong(lib):
     served = "bfloat16 or float32" if HAS_DPBF16 else "float32"
     with pytest.raises(ValueError, match=f"2-D {served} CPU tensor, got torch.float16"):
@@ -138,13 +138,13 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(lib):
             lib.entry_point()
 
 
-def test_the_kernel_builds_where_the_cpu_has_avx512f_with_bf16_where_it_has_avx512_bf16(tmp_path):
-    if HAS_AVX512F:
+def test_the_kernel_builds_where_the_cpu_has_avx512f_or_avx2_with_bf16_where_it_has_avx512_bf16(tmp_path):
+    if HAS_KERNEL:
         lib = load(tmp_path)
         assert lib.path.parent == tmp_path
         assert lib.dtypes == ({torch.float32, torch.bfloat16} if HAS_DPBF16 else {torch.float32})
     else:
-        with pytest.raises(RuntimeError, match="AVX-512F"):
+        with pytest.raises(RuntimeError, match="needs AVX-512F, or AVX2 with FMA"):
             load(tmp_path)
 
 
@@ -170,7 +170,7 @@ def test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it(tiny
         assert isinstance(engine.loaded.model.lm_head, PackedLinear) and engine.loaded.model.lm_head.uses_native()
         assert list((tmp_path / "kernels").glob("cpu_linear_*.so"))  # built where the engine was told
     assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").linear == onednn_bf16
-    # fp32 weights: the kernel where the CPU has AVX-512F and no bf16 units, else oneDNN's packing
+    # fp32 weights: the kernel where the CPU has it and no bf16 units, else oneDNN's packing
     assert Engine(tiny_normal_loaded, cache_dir=tmp_path).linear == ("native" if ENGINE_PICKS_F32 else "onednn")
     assert Engine(tiny_normal_loaded, kernel_backend="torch").linear == "onednn"
     assert Engine(bf16_loaded(tiny_normal_loaded), engine_packed_linear=False).linear == "torch"
@@ -198,7 +198,7 @@ def test_a_failing_build_keeps_onednn_and_a_repacked_model_follows_the_engine(ti
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the bf16 "
                                                           "kernel only on CPUs with AVX512-BF16 and no AMX")),
     pytest.param(torch.float32, marks=pytest.mark.skipif(not ENGINE_PICKS_F32, reason="the engine picks the fp32 "
-                                                         "kernel only on CPUs with AVX-512F and no bf16 units"))])
+                                                         "kernel only on CPUs with no bf16 units"))])
 def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny_normal_loaded, monkeypatch,
                                                                            tmp_path, dtype):
     """Both sum in fp32, in different orders: where a run through the kernel parts from the same
