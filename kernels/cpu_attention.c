@@ -74,10 +74,11 @@ static inline float exp_nonpos(float x) {
     return p * s;
 }
 
-#if D % 16 == 0 && DV % 16 == 0
-#define VW 16 /* lanes: one AVX-512 register (two AVX2 ones) */
+#if D % 16 == 0 && DV % 16 == 0 && defined(__AVX512F__)
+#define VW 16 /* lanes: one AVX-512 register */
 #else
-#define VW 8
+#define VW 8 /* one AVX2 register: with 16 of them, 16-lane vectors (two registers each) spilled the
+              * q.K and P.V accumulators (an fp32 decode step's attention 2.5x slower on a Zen 3) */
 #endif
 typedef float vf __attribute__((vector_size(4 * VW)));
 /* Software prefetch: the hardware's streams alone kept a step at ~14 GB/s, half of what this
@@ -91,6 +92,11 @@ typedef float vf __attribute__((vector_size(4 * VW)));
 #define NB 64    /* keys per block: a block's keys (or values) in fp32 stay in L1 for every query */
 #define VD (D / VW)
 #define VDV (DV / VW)
+#ifdef __AVX512F__
+#define PV_VECS VDV /* P.V's accumulators: every dim of a query at once (2 x VDV of the 32 registers) */
+#else /* 16 registers: up to 4 vectors of dims at a time, two chains each, the rest for the loads */
+#define PV_VECS (VDV % 4 == 0 ? 4 : VDV % 2 == 0 ? 2 : 1)
+#endif
 #if defined(__AVX512BF16__) && D % 32 == 0 && VW == 16
 #include <immintrin.h>
 #define DPBF16 1 /* q.K straight from bf16 keys: vdpbf16ps, fp32 sums of exact bf16 products */
@@ -628,28 +634,30 @@ static inline __attribute__((always_inline)) void attend_item(
         } else {
             memcpy(block, vb, sizeof(float) * nb * DV);
         }
-        for (int64_t qi = 0; qi < nq; qi++) {
-            vf a0[VDV], a1[VDV] = {0}; /* even and odd keys: two chains per lane */
-            if (b == 0) memset(a0, 0, sizeof a0); else memcpy(a0, acc + qi * DV, sizeof a0);
-            const float *p = scores + qi * padded + b;
-            int64_t n = 0;
-            for (; n + 1 < nb; n += 2)
-                for (int c = 0; c < VDV; c++) {
-                    vf x0, x1;
-                    memcpy(&x0, block + n * DV + c * VW, sizeof x0);
-                    memcpy(&x1, block + (n + 1) * DV + c * VW, sizeof x1);
-                    a0[c] += p[n] * x0;
-                    a1[c] += p[n + 1] * x1;
-                }
-            for (; n < nb; n++)
-                for (int c = 0; c < VDV; c++) {
-                    vf x0;
-                    memcpy(&x0, block + n * DV + c * VW, sizeof x0);
-                    a0[c] += p[n] * x0;
-                }
-            for (int c = 0; c < VDV; c++) a0[c] += a1[c];
-            memcpy(acc + qi * DV, a0, sizeof a0);
-        }
+        for (int64_t qi = 0; qi < nq; qi++)
+            for (int h = 0; h < VDV; h += PV_VECS) { /* PV_VECS vectors of dims at a time */
+                vf a0[PV_VECS], a1[PV_VECS] = {0}; /* even and odd keys: two chains per lane */
+                float *aq = acc + qi * DV + h * VW;
+                if (b == 0) memset(a0, 0, sizeof a0); else memcpy(a0, aq, sizeof a0);
+                const float *p = scores + qi * padded + b, *vh = block + h * VW;
+                int64_t n = 0;
+                for (; n + 1 < nb; n += 2)
+                    for (int c = 0; c < PV_VECS; c++) {
+                        vf x0, x1;
+                        memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
+                        memcpy(&x1, vh + (n + 1) * DV + c * VW, sizeof x1);
+                        a0[c] += p[n] * x0;
+                        a1[c] += p[n + 1] * x1;
+                    }
+                for (; n < nb; n++)
+                    for (int c = 0; c < PV_VECS; c++) {
+                        vf x0;
+                        memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
+                        a0[c] += p[n] * x0;
+                    }
+                for (int c = 0; c < PV_VECS; c++) a0[c] += a1[c];
+                memcpy(aq, a0, sizeof a0);
+            }
     }
     for (int hl = 0; hl < group; hl++)
         for (int64_t i = 0; i < rows; i++) {

@@ -2,11 +2,12 @@
 shapes: decode, verification and prefill steps of a batch.
 
     python -m structspec.bench.attention [--shapes 16x1@512,16x4@512,16x1@1024,2x512@512]
-                                         [--against OLD.c] [--layers 30]
+                                         [--against OLD.c] [--layers 30] [--dtype float32]
 
 A shape SxR@P is S sequences of R new rows each over P tokens of past: 16x1 a decode step of 16
 sequences, 16x4 a verification step with 3 drafts each, 2x512 two 512-row prefill chunks.
-SmolLM2-135M's heads (9 query heads over 3 kv heads of 64), bf16 queries and KV, `--layers`
+SmolLM2-135M's heads (9 query heads over 3 kv heads of 64), bf16 queries and KV (fp32 with
+`--dtype float32`, as an fp32 model's engine attends), `--layers`
 layers of distinct KV buffers, so a step streams its keys and values from memory as the engine's
 passes do. Prints the best of several steps, the KV bytes a step reads, and the time to read
 them once at the bandwidth of a 1 GiB sum measured in the same run. `--against` builds another
@@ -38,22 +39,22 @@ def parse_shape(text: str) -> tuple[int, int, int]:
     return shape
 
 
-def step(seqs: int, rows: int, past: int, layers: int, gen: torch.Generator):
+def step(seqs: int, rows: int, past: int, layers: int, gen: torch.Generator, dtype: torch.dtype = torch.bfloat16):
     """(q, k, v, out, table, buffers) of one step: every sequence's KV per layer, past filled."""
     cap = past + rows
     buffers, table = [], torch.zeros(2 * layers + 4, seqs, dtype=torch.int64)
     for layer in range(layers):
         for j in range(seqs):
-            k = torch.randn(KV_HEADS, cap, DIM, generator=gen).bfloat16()
-            v = torch.randn(KV_HEADS, cap, DIM, generator=gen).bfloat16()
+            k = torch.randn(KV_HEADS, cap, DIM, generator=gen).to(dtype)
+            v = torch.randn(KV_HEADS, cap, DIM, generator=gen).to(dtype)
             buffers += [k, v]
             table[layer, j], table[layers + layer, j] = k.data_ptr(), v.data_ptr()
     for j in range(seqs):
         table[2 * layers:, j] = torch.tensor([j * rows, rows, past, cap])
     t = seqs * rows
-    q = torch.randn(t, HEADS, DIM, generator=gen).bfloat16()
-    k = torch.randn(t, KV_HEADS, DIM, generator=gen).bfloat16()
-    v = torch.randn(t, KV_HEADS, DIM, generator=gen).bfloat16()
+    q = torch.randn(t, HEADS, DIM, generator=gen).to(dtype)
+    k = torch.randn(t, KV_HEADS, DIM, generator=gen).to(dtype)
+    v = torch.randn(t, KV_HEADS, DIM, generator=gen).to(dtype)
     return q, k, v, torch.empty(t, HEADS, DIM), table, buffers
 
 
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> None:
                    help="steps as SEQSxROWS@PAST, comma-separated")
     p.add_argument("--against", type=Path, help="another version of kernels/cpu_attention.c to time beside this one")
     p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                   help="queries and KV (float32: an fp32 model's attention)")
     args = p.parse_args(argv)
+    dtype = getattr(torch, args.dtype)
     shapes = [parse_shape(s) for s in args.shapes.split(",")]
     libs = {"this": cpu_attention.load(DIM, DIM)}
     if args.against is not None:
@@ -83,12 +87,12 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|" + "---|" * len(names) + "---|" + ("---|" if len(names) > 1 else ""))
     gen = torch.Generator().manual_seed(0)
     for seqs, rows, past in shapes:
-        q, k, v, out, table, buffers = step(seqs, rows, past, args.layers, gen)
-        nbytes = seqs * (past + rows) * args.layers * KV_HEADS * DIM * 2 * 2
+        q, k, v, out, table, buffers = step(seqs, rows, past, args.layers, gen, dtype)
+        nbytes = seqs * (past + rows) * args.layers * KV_HEADS * DIM * 2 * dtype.itemsize
 
         def run(lib):
             for layer in range(args.layers):
-                lib.attend(q, k, v, out, table, args.layers, layer, DIM ** -0.5, kv_dtype=torch.bfloat16,
+                lib.attend(q, k, v, out, table, args.layers, layer, DIM ** -0.5, kv_dtype=dtype,
                            check=layer == 0)
 
         times = {n: float("inf") for n in names}

@@ -21,6 +21,13 @@ def test_the_table_times_each_step_for_this_build_and_another(capsys):
     assert all(cell.strip().endswith("x") for cell in (r.split("|")[-2] for r in rows))
 
 
+def test_fp32_steps_read_four_bytes_a_value(capsys):
+    attention.main(["--shapes", "4x1@512", "--layers", "2", "--dtype", "float32"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 4x1@512 |"))
+    assert row.split("|")[2].strip() == "6 MB"  # 4 x 513 x 2 x 3 x 64 x 2 x 4 bytes
+    assert float(row.split("|")[3]) > 0
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--shapes", "16by1"], "is not SEQSxROWS@PAST"),
     (["--shapes", "0x1@5"], "needs at least one sequence"),
