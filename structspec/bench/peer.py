@@ -5,7 +5,9 @@
 
 Both systems get the same model directory (the default model as structspec converted it),
 the same prompt token ids (structspec's prompt builder), the same JSON Schema per document,
-greedy decoding, the same max_tokens and the machine's threads. vLLM runs in its own virtual
+greedy decoding, the same max_tokens and the machine's threads; vLLM in its faster dtype here
+(`--vllm-dtype auto`: bf16 where the CPU has bf16 matrix units, fp32 elsewhere, where its bf16
+is emulated; the table names it). vLLM runs in its own virtual
 environment (`make peer-vllm`) through bench/peer_vllm.py, one process per mode; its load,
 compile and a warm-up generation are excluded, as are ours (each structspec engine extracts
 one document before the timing).
@@ -211,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-modes", default="",
                    help="also through a real server + worker: 'batch' (POST /v1/batches), 'one' (one job after "
                         "another); receipts only")
-    p.add_argument("--vllm-dtype", default="bfloat16", help="vLLM-CPU's dtype (it runs bf16 by default)")
+    p.add_argument("--vllm-dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="vLLM-CPU's dtype: auto (its faster one here: bf16 where the CPU has bf16 matrix units, "
+                        "as vLLM's own default; fp32 elsewhere, where its bf16 is emulated)")
     p.add_argument("--out", type=Path, default=Path("bench-out/peer"))
     args = p.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -228,6 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    vllm_dtype = args.vllm_dtype
+    if vllm_dtype == "auto":
+        from structspec.engine.model import cpu_has_bf16_matmul
+
+        vllm_dtype = "bfloat16" if cpu_has_bf16_matmul() else "float32"
     settings = Settings.from_env()
     rows, warm = rows_of(args.dataset, args.n, args.max_chars)
     # the server's first runs, before this process loads an engine (see free_memory)
@@ -247,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     path, _ = model_dir(settings.model, settings.cache_dir)
     prompts = [build_prompt(loaded.tokenizer, r["schema"], r["text"], loaded.context_len) for r in rows]
     job = {"model": path, "schemas": [r["schema"] for r in rows], "max_tokens": args.max_tokens, "prompts": prompts,
-           "repeats": 2, "dtype": args.vllm_dtype, "max_model_len": loaded.context_len}
+           "repeats": 2, "dtype": vllm_dtype, "max_model_len": loaded.context_len}
 
     bandwidth = memory_gbps()
     bound = {"chip": chip(), "memory_gbps": round(bandwidth, 2),
@@ -270,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         server_after = run_server(server_modes, rows, warm, args.max_tokens, args.threads, {})
 
     n, report = len(rows), {"dataset": args.dataset, "documents": len(rows), "max_tokens": args.max_tokens,
-                            "threads": args.threads, "json_whitespace": settings.json_whitespace, "bound": bound, "auto_arms": [p.arm for p in auto],
+                            "threads": args.threads, "json_whitespace": settings.json_whitespace, "vllm_dtype": vllm_dtype, "bound": bound, "auto_arms": [p.arm for p in auto],
                             "systems": {}}
     for mode in modes_run:
         (s1, tok, *_), (s2, _, values, outputs) = before[mode], after[mode]
@@ -297,6 +306,8 @@ def table(report: dict) -> str:
     lines = ["| system | docs/min | output tok/s | schema-valid | field accuracy | seconds (each run) |",
              "|---|---|---|---|---|---|"]
     for name, s in report["systems"].items():
+        if name.startswith("vllm") and report.get("vllm_dtype"):
+            name = f"{name} ({report['vllm_dtype']})"
         acc = "n/a" if s["field_accuracy"] is None else f"{s['field_accuracy']:.1%}"
         lines.append(f"| {name} | {s['docs_per_min']} | {s['output_tokens_per_s']} | {s['valid']}/{report['documents']} "
                      f"| {acc} | {', '.join(map(str, s['seconds']))} |")
