@@ -143,10 +143,11 @@ void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
 }
 #endif /* __AVX512BF16__ */
 
-/* fp32 with AVX-512 (the AVX2 loop is further down): the same loop, one input a step. A bf16 step's two products an instruction let 8 rows
- * against 3 vectors hide under the weight read; an fp32 step's one product is twice the
- * instructions, and rows of a second tile (read from cache after the first) no longer overlap
- * the stream. So the fp32 weight is packed in groups of 16 columns, and
+/* fp32 with AVX-512 (the AVX2 loop is further down): the same loop, one input a step. A bf16
+ * step's two products an instruction let 8 rows against 3 vectors hide under the weight read;
+ * an fp32 step's one product is twice the instructions, and rows of a second tile (read from
+ * cache after the first) no longer overlap the stream. So the fp32 weight is packed in groups
+ * of 16 columns, and
  *   - up to FEW_ROWS rows (decode and verification passes) go in one tile a group: every row
  *     against each loaded vector while the group streams from memory;
  *   - more rows go in tiles of up to MANY_ROWS against MANY_BLOCKS neighbouring groups at once

@@ -48,7 +48,7 @@ from structspec.bench.receipts import receipt_rows
 from structspec.bench.strategies import field_accuracy, load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
-from structspec.engine.model import model_dir, short_name
+from structspec.engine.model import cpu_has_bf16_matmul, model_dir, short_name
 from structspec.engine.prompt import build_prompt
 from structspec.grammar import validate_instance
 from structspec.options import RequestOptions
@@ -234,8 +234,6 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     vllm_dtype = args.vllm_dtype
     if vllm_dtype == "auto":
-        from structspec.engine.model import cpu_has_bf16_matmul
-
         vllm_dtype = "bfloat16" if cpu_has_bf16_matmul() else "float32"
     settings = Settings.from_env()
     rows, warm = rows_of(args.dataset, args.n, args.max_chars)
