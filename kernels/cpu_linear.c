@@ -20,7 +20,9 @@
  * where the sum lies at a rounding boundary).
  */
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if !defined(__AVX512F__) && !(defined(__AVX2__) && defined(__FMA__))
@@ -42,7 +44,7 @@
 #endif
 #define PARALLEL_MIN_BYTES 131072 /* below this much packed weight, one thread */
 
-int structspec_linear_version(void) { return 3; }
+int structspec_linear_version(void) { return 4; } /* 4: structspec_linear_f32_pruned */
 
 /* which element types this build serves: 1 fp32, 2 bf16 (AVX512-BF16), or'ed */
 int structspec_linear_types(void) {
@@ -302,3 +304,60 @@ void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, co
     }
 }
 #endif /* __AVX512F__ */
+
+/* One group's columns (16: pg its packed stream, bg its bias, cols of them real) for `rows` rows
+ * of xx (stride ldxx) into yy (stride ldyy): a tile of the loop above that serves any row count,
+ * so the same chain over k as structspec_linear_f32 gives each output. */
+#ifdef __AVX512F__
+#define GROUP_TILE_ROWS F32_FEW_ROWS
+#define GROUP_TILE_CASES CASES15
+#define GROUP_TILE(xx, ldxx, yy, ldyy, rows) tile_f32(xx, ldxx, pg, k, bg, yy, ldyy, cols, rows, 1)
+#else
+#define GROUP_TILE_ROWS F32_AVX2_ROWS
+#define GROUP_TILE_CASES CASES7
+#define GROUP_TILE(xx, ldxx, yy, ldyy, rows) tile_f32(xx, ldxx, pg, k, bg, yy, ldyy, cols, rows)
+#endif
+
+/* Pruned logits: structspec_linear_f32's y [m, n] where it is asked for, -inf elsewhere. A row
+ * with dense[r] set gets every column; the others get only the 16-column groups g with wanted[g]
+ * set (the union of what those rows' grammars allow). A computed column is the same chain over
+ * k as structspec_linear_f32's, so the same bits. Groups run in parallel: a wanted group's tiles
+ * take every row straight from x into y; another group's take the dense rows (gathered once
+ * into a copy) into a strip that is then copied to their rows of y. */
+void structspec_linear_f32_pruned(const float *x, int64_t ldx, int64_t m, int64_t k, const float *p,
+                                  const float *bias, float *y, int64_t ldy, int64_t n, const uint8_t *dense,
+                                  const uint8_t *wanted, int threads) {
+    const int64_t groups = (n + F32_GROUP - 1) / F32_GROUP;
+    int64_t *rows_of = malloc(sizeof(int64_t) * (m > 0 ? m : 1)); /* the dense rows, then the others */
+    int64_t nd = 0, ns = m - 1;
+    for (int64_t r = 0; r < m; r++) rows_of[dense[r] ? nd++ : ns--] = r;
+    float *xd = malloc(sizeof(float) * (nd > 0 ? nd : 1) * k); /* the dense rows of x, contiguous */
+    for (int64_t i = 0; i < nd; i++) memcpy(xd + i * k, x + rows_of[i] * ldx, sizeof(float) * k);
+    const int parallel = threads > 1 && groups > 1 && groups * k * F32_GROUP * 4 >= PARALLEL_MIN_BYTES;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (parallel)
+    for (int64_t g = 0; g < groups; g++) {
+        const float *pg = p + g * k * F32_GROUP;
+        const float *bg = bias ? bias + g * F32_GROUP : 0;
+        const int64_t cols = n - g * F32_GROUP < F32_GROUP ? n - g * F32_GROUP : F32_GROUP;
+        float *yg = y + g * F32_GROUP;
+        if (wanted[g]) {
+#define ALL_ROWS(rows) GROUP_TILE(x + r0 * ldx, ldx, yg + r0 * ldy, ldy, rows)
+            TILES(m, GROUP_TILE_ROWS, GROUP_TILE_CASES, ALL_ROWS)
+#undef ALL_ROWS
+            continue;
+        }
+        float strip[GROUP_TILE_ROWS * F32_GROUP];
+#define DENSE_ROWS(rows)                                                                             \
+    do {                                                                                             \
+        GROUP_TILE(xd + r0 * k, k, strip, F32_GROUP, rows);                                          \
+        for (int r = 0; r < (rows); r++)                                                             \
+            memcpy(yg + rows_of[r0 + r] * ldy, strip + r * F32_GROUP, sizeof(float) * cols);        \
+    } while (0)
+        TILES(nd, GROUP_TILE_ROWS, GROUP_TILE_CASES, DENSE_ROWS)
+#undef DENSE_ROWS
+        for (int64_t i = nd; i < m; i++)
+            for (int64_t c = 0; c < cols; c++) yg[rows_of[i] * ldy + c] = -INFINITY;
+    }
+    free(xd);
+    free(rows_of);
+}

@@ -54,6 +54,9 @@ class Settings:
     # Llama-shaped models through structspec's own forward (engine/lean.py): the model's arithmetic
     # in about half the operator calls, checked against the model's own logits at start-up
     engine_lean_forward: bool = True
+    # with the lean forward and the native fp32 lm_head (engine/packed.py), a row whose grammar allows
+    # few tokens gets only their logits (the same bits; the rest -inf): fewer rows' arithmetic a pass
+    engine_pruned_logits: bool = True
     # each result's confidence per value (engine/grounding.py): a masked softmax over the vocabulary
     # at every emitted token's row, which costs real time on a CPU (docs/benchmarks.md)
     engine_confidence: bool = True

@@ -91,6 +91,7 @@ class Engine:
         self.loaded = loaded
         self.kernel_backend = settings.kernel_backend
         self.confidence = settings.engine_confidence
+        self.pruned_logits = settings.engine_pruned_logits
         self.grammars = GrammarCache(make_backend(settings.grammar_backend, loaded.tokenizer, loaded.vocab_size,
                                                   GrammarLimits.from_settings(settings), settings.json_whitespace))
         self.token_text = token_text(loaded.tokenizer, loaded.vocab_size)
@@ -314,6 +315,8 @@ class Engine:
         decoding = self._mask(decoding, done)
         packed = pack(prefill, decoding, self.device)
         bitmask = self.bitmask[:packed.rows].to(self.device, non_blocking=True)
+        if self.pruned_logits and decoding:
+            packed.inputs.allowed = bitmask
         t1 = time.perf_counter()
         try:
             logits = self.runner.forward(packed.inputs)

@@ -187,11 +187,13 @@ class LeanForward:
             for layer in self.model.model.layers:
                 pack_linears(layer, self.linear)
 
-    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor,
+                 allowed: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [R, V] of `logits_rows` of the packed rows (input_ids, positions: [T]); the
-        attention reads the step set in kv_cache.CURRENT."""
+        attention reads the step set in kv_cache.CURRENT. `allowed`: each logits row's grammar
+        bitmask (runner.StepInputs), where the lm_head may leave what it forbids at -inf."""
         if self.ops is not None:
-            return self._fused(input_ids, positions, logits_rows)
+            return self._fused(input_ids, positions, logits_rows, allowed)
         x = self.embed(input_ids)
         rows = x.shape[0]
         cos, sin = self.rotary(x, positions.unsqueeze(0))
@@ -209,9 +211,17 @@ class LeanForward:
             x = x + layer.o(out.reshape(rows, -1))
             gate_up = layer.gate_up(rms_norm(x, layer.norm2, layer.eps2))
             x = x + layer.down(F.silu(gate_up[:, :layer.intermediate]) * gate_up[:, layer.intermediate:])
-        return self.lm_head(rms_norm(x[logits_rows], self.norm, self.eps))
+        return self._head(rms_norm(x[logits_rows], self.norm, self.eps), allowed)
 
-    def _fused(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor) -> torch.Tensor:
+    def _head(self, h: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+        """The lm_head over the final rows: pruned to what `allowed` allows where it can be
+        (packed.PackedLinear.forward_allowed)."""
+        if allowed is not None and isinstance(self.lm_head, PackedLinear):
+            return self.lm_head.forward_allowed(h, allowed)
+        return self.lm_head(h)
+
+    def _fused(self, input_ids: torch.Tensor, positions: torch.Tensor, logits_rows: torch.Tensor,
+               allowed: torch.Tensor | None = None) -> torch.Tensor:
         """__call__ with the elementwise steps in C (self.ops): the residual stream x is updated
         in place, rotary is applied in place to the q/k columns of the qkv GEMM's output."""
         ops = self.ops
@@ -228,7 +238,7 @@ class LeanForward:
             y = self.layer_loop.run(plan, x, cos, sin, step.native_table(), step.segments[0].slot.keys[0].dtype,
                                     self.scaling)
             last = x[logits_rows] + y[logits_rows]
-            return self.lm_head(ops.add_rms_norm(last, None, self.norm, self.eps))
+            return self._head(ops.add_rms_norm(last, None, self.norm, self.eps), allowed)
         y = None  # the last sublayer's output, not yet added to x
         for layer in self.layers:
             check = layer is self.layers[0]  # the C steps' argument checks: the same shapes every layer
@@ -246,7 +256,7 @@ class LeanForward:
             hidden = ops.add_rms_norm(x, layer.o(out.reshape(rows, -1)), layer.norm2, layer.eps2, check=check)
             y = layer.down(ops.silu_mul(layer.gate_up(hidden), check=check))
         last = x[logits_rows] + y[logits_rows]
-        return self.lm_head(ops.add_rms_norm(last, None, self.norm, self.eps))
+        return self._head(ops.add_rms_norm(last, None, self.norm, self.eps), allowed)
 
     def loops_natively(self) -> bool:
         """Whether a pass with the native attention runs its layer loop in C: the loop library is

@@ -17,6 +17,12 @@ measured in docs/benchmarks.md). Its results differ from F.linear's in the last 
 fp32 sum, as fp32 oneDNN's do. AMX CPUs keep oneDNN (its AMX kernels; not measured against the C
 loop yet), and so does fp32 on CPUs with bf16 units (run only where asked for).
 
+Pruned logits (`PackedLinear.forward_allowed`): a decoding row's grammar often allows a few
+tokens (a key, punctuation, digits); where the native kernel runs an fp32 lm_head, such a row
+gets only the logits of the 16-token groups its grammar (and those of the step's other such rows)
+allows, the rest -inf, which every consumer masks anyway. The logits computed are the full
+GEMM's bit for bit, so the tokens chosen do not change; a pass does the arithmetic of fewer rows.
+
 The original weights stay where they are (the embedding may share one, and code reads their
 shape and dtype): packing adds the size of the linear weights to memory.
 """
@@ -33,6 +39,9 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 PACK_ROWS = 16  # the row count oneDNN is told to expect; measured rows 1-512 all gain or tie
+# forward_allowed: a row is pruned when its grammar allows tokens in at most this share of the
+# lm_head's column groups (the others need nearly every column: they run dense)
+PRUNED_AT_MOST = 1 / 8
 
 
 class PackedLinear(nn.Module):
@@ -82,6 +91,28 @@ class PackedLinear(nn.Module):
         if not isinstance(self.packed, torch.Tensor):
             return self.native.linear(x, self.packed)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def forward_allowed(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """forward(x) [R, n] where `allowed` (int32 [R, words]: bit t % 32 of word t // 32 set
+        when token t may follow, kernels/bitmask.py) allows, bit for bit; elsewhere the same or
+        -inf (module docstring: pruned logits). Where the native kernel does not run this layer
+        in fp32: forward(x)."""
+        packed = self.native_packed()
+        if packed is None or packed.dtype != torch.float32 or x.dtype != torch.float32 or x.dim() != 2:
+            return self.forward(x)
+        if allowed.dim() != 2 or allowed.shape[0] != x.shape[0] or allowed.dtype != torch.int32:
+            raise ValueError(f"allowed must be int32 [{x.shape[0]}, words], got {allowed.dtype} {tuple(allowed.shape)}")
+        from kernels.cpu_linear import GROUP_COLUMNS
+
+        groups = -(-self.out_features // GROUP_COLUMNS)
+        # a group of 16 tokens is half a 32-bit word: the int16 halves, low half first (little-endian)
+        need = allowed.contiguous().view(torch.int16)[:, :groups] != 0
+        if need.shape[1] < groups:  # columns past the bitmask: never allowed
+            need = torch.cat([need, need.new_zeros(need.shape[0], groups - need.shape[1])], dim=1)
+        pruned = need.sum(1) <= int(groups * PRUNED_AT_MOST)
+        if not bool(pruned.any()):
+            return self.forward(x)
+        return self.native.linear_pruned(x, packed, ~pruned, need[pruned].any(0))
 
     def uses_native(self) -> bool:
         """Whether the weight as it is now runs through the native kernel."""

@@ -33,13 +33,17 @@ PROBE_SPLIT = 4
 class StepInputs:
     """One forward pass: T packed rows, the sequences they belong to, and which rows need logits.
 
-    input_ids, positions: [T] long; logits_rows: [R] long, indices into the T rows (in order).
+    input_ids, positions: [T] long; logits_rows: [R] long, indices into the T rows (in order);
+    allowed: None, or int32 [R, words], each logits row's grammar bitmask (kernels/bitmask.py),
+    offered so that the forward may leave the logits it forbids at -inf (the lean forward's
+    pruned lm_head, engine/packed.py): the logits it allows are the same either way.
     """
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     segments: list[Segment]
     logits_rows: torch.Tensor
+    allowed: torch.Tensor | None = None
 
 
 @contextlib.contextmanager
@@ -103,7 +107,7 @@ class BatchedRunner:
         token = CURRENT.set(Step(step.segments, self.attention, self.native))
         try:
             if self.lean is not None:
-                logits = self.lean(step.input_ids, step.positions, step.logits_rows)
+                logits = self.lean(step.input_ids, step.positions, step.logits_rows, step.allowed)
             else:
                 with attention_implementation(self.model, ATTENTION_NAME):
                     kwargs = {"logits_to_keep": step.logits_rows} if self._keep else {}

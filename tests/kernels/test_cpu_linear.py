@@ -138,6 +138,123 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(lib):
             lib.entry_point()
 
 
+@needs_kernel
+@pytest.mark.parametrize("m, k, n", [(1, 576, 960), (7, 64, 1003), (20, 40, 77), (32, 96, 4096)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_pruned_outputs_are_the_full_products_bits_where_asked_and_minus_inf_elsewhere(m, k, n, with_bias, lib):
+    """linear_pruned: the rows marked dense get every column, the others the wanted 16-column
+    groups (a last group cut short by n included); each of those is linear's value bit for bit
+    (the same chain over k, whether its group took every row or only the dense ones, in tiles of
+    any size, on 1 or 2 threads); every other output is -inf."""
+    from kernels.cpu_linear import GROUP_COLUMNS
+
+    w, x = rand(n, k, seed=11, scale=0.05, dtype=torch.float32), rand(m, k, seed=12, dtype=torch.float32)
+    packed = lib.pack(w, rand(n, seed=13, dtype=torch.float32) if with_bias else None)
+    full = lib.linear(x, packed)
+    groups = -(-n // GROUP_COLUMNS)
+    gen = torch.Generator().manual_seed(m + n)
+    cases = [(torch.rand(m, generator=gen) < 0.4, torch.rand(groups, generator=gen) < 0.3),
+             (torch.ones(m, dtype=torch.bool), torch.zeros(groups, dtype=torch.bool)),
+             (torch.zeros(m, dtype=torch.bool), torch.zeros(groups, dtype=torch.bool)),
+             (torch.zeros(m, dtype=torch.bool), torch.arange(groups) == groups - 1)]
+    for dense, wanted in cases:
+        asked = dense.unsqueeze(1) | wanted.repeat_interleave(GROUP_COLUMNS)[:n].unsqueeze(0)
+        for threads in (1, 2):
+            got = lib.linear_pruned(x, packed, dense, wanted, threads=threads)
+            assert got.shape == (m, n)
+            assert torch.equal(got[asked], full[asked]), (dense, wanted, threads)
+            assert bool(torch.isneginf(got[~asked]).all())
+
+
+@needs_kernel
+def test_pruned_bad_arguments_are_refused_saying_what_is_wrong(lib):
+    packed = lib.pack(rand(40, 8, seed=1, dtype=torch.float32))  # 3 groups of 16 columns
+    x, dense, wanted = rand(2, 8, seed=2, dtype=torch.float32), torch.ones(2, dtype=torch.bool), torch.ones(3, dtype=torch.bool)
+    assert torch.equal(lib.linear_pruned(x, packed, dense, wanted), lib.linear(x, packed))
+    with pytest.raises(ValueError, match=r"wanted must be bool \[3\] \(groups of 16 columns\)"):
+        lib.linear_pruned(x, packed, dense, torch.ones(2, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"dense must be bool \[2\]"):
+        lib.linear_pruned(x, packed, torch.ones(2, dtype=torch.int32), wanted)
+    with pytest.raises(ValueError, match=r"x must be float32 \[m, 8\]"):
+        lib.linear_pruned(rand(2, 3, 8, seed=2, dtype=torch.float32), packed, dense, wanted)
+    if HAS_DPBF16:
+        with pytest.raises(ValueError, match="serves fp32 weights"):
+            lib.linear_pruned(x, lib.pack(rand(40, 8, seed=1)), dense, wanted)
+
+
+def allowed_rows(vocab: int, rows: list[list[int]]) -> torch.Tensor:
+    """A grammar bitmask (kernels/bitmask.py's layout) allowing each row's tokens."""
+    mask = torch.zeros(len(rows), (vocab + 31) // 32, dtype=torch.int64)
+    for r, tokens in enumerate(rows):
+        for t in tokens:
+            mask[r, t // 32] |= 1 << (t % 32)
+    return mask.to(torch.int32)  # bit 31 wraps to the sign bit, as in the engine's masks
+
+
+@needs_kernel
+def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib):
+    """PackedLinear.forward_allowed on the native fp32 kernel: a row allowing a few tokens gets
+    those (and the rest of their groups and of the other pruned rows' groups) exactly as forward
+    gives them and -inf for tokens no pruned row allows; a row allowing most of the vocabulary
+    is computed whole; a layer on oneDNN (or in bf16) ignores the mask."""
+    from torch import nn
+
+    from structspec.engine.packed import PackedLinear
+
+    vocab, k = 2000, 64  # 125 groups: a row of at most 15 groups is pruned
+    head = nn.Linear(k, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(rand(vocab, k, seed=21, scale=0.1, dtype=torch.float32))
+    layer = PackedLinear(head, lib)
+    x = rand(4, k, seed=22, dtype=torch.float32)
+    rows = [[5, 31, 32, 1999], list(range(0, vocab, 3)), [700], [13, 14, 15]]
+    allowed = allowed_rows(vocab, rows)
+    full = layer(x)
+    got = layer.forward_allowed(x, allowed)
+    for r, tokens in enumerate(rows):
+        assert torch.equal(got[r, tokens], full[r, tokens]), r
+    assert torch.equal(got[1], full[1])  # most groups allowed: dense
+    assert bool(torch.isneginf(got[0, 100:600]).all()) and bool(torch.isneginf(got[2, 1000:1900]).all())
+    assert torch.equal(got[0, 0:48], full[0, 0:48])  # groups 0-2 are wanted by rows 0 and 3
+    with pytest.raises(ValueError, match=r"allowed must be int32 \[4, words\]"):
+        layer.forward_allowed(x, allowed[:3])
+    onednn = PackedLinear(head)  # no native library: the mask is ignored
+    assert torch.equal(onednn.forward_allowed(x, allowed), onednn(x))
+
+
+@needs_kernel
+def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_normal_loaded, monkeypatch, tmp_path,
+                                                                          lib):
+    """engine_pruned_logits (the default) against off, on the native fp32 kernel (picked here
+    whatever the CPU's bf16 units): the same tokens for every request, while the pruned lm_head
+    really ran on most decoding steps."""
+    import structspec.engine.engine as engine_module
+    from structspec.bench.exactness import bounded
+    from structspec.engine.engine import Engine, Request
+    from structspec.options import RequestOptions
+    from tests.conftest import deepjsoneval_rows
+
+    monkeypatch.setattr(engine_module, "native_linear", lambda *args: lib)
+    calls = []
+    real = type(lib).linear_pruned
+    monkeypatch.setattr(type(lib), "linear_pruned", lambda self, *a, **kw: calls.append(1) or real(self, *a, **kw))
+    requests = [Request(bounded(row["schema"]), row["text"],
+                        RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4, max_tokens=60,
+                                       verbatim=True), trace=True)
+                for i, row in enumerate(deepjsoneval_rows(6))]
+    pruned = Engine(tiny_normal_loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    assert pruned.linear == "native" and pruned.pruned_logits
+    got = pruned.run(requests)
+    steps = pruned.metrics.steps
+    dense = Engine(tiny_normal_loaded, engine_max_seqs=4, cache_dir=tmp_path, engine_pruned_logits=False)
+    n_calls = len(calls)
+    want = dense.run(requests)
+    assert len(calls) == n_calls  # off: never pruned
+    assert [r.tokens for r in got] == [r.tokens for r in want]
+    assert sum(len(r.tokens) for r in got) > 6 * 20  # the runs did real work
+    assert n_calls > steps // 3, (n_calls, steps)  # pruned on a good share of the steps
+
+
 def test_the_kernel_builds_where_the_cpu_has_avx512f_or_avx2_with_bf16_where_it_has_avx512_bf16(tmp_path):
     if HAS_KERNEL:
         lib = load(tmp_path)
