@@ -6,8 +6,11 @@ this module (the API does, to publish) pulls in neither torch nor the model.
 
 from __future__ import annotations
 
+import socket
 import uuid
-from typing import Iterable, Sequence
+from queue import Empty
+from time import monotonic, sleep
+from typing import Callable, Iterable, Sequence
 
 from celery import Celery
 
@@ -18,6 +21,45 @@ RUN_JOBS = "structspec.run_jobs"
 
 
 EMBEDDED_BROKER_POLL_S = 0.05  # seconds between the embedded broker's looks for a message
+# ... while this process's engine is running requests. Each look is ~3 ms of Python (an SQL query
+# through SQLAlchemy) in the worker's main thread, which holds the GIL the engine's thread needs
+# between its C calls: at 0.05 s the looks took ~5% of a core during a bulk batch on a 2-core CPU
+# (docs/benchmarks.md). A job that comes while the engine is busy joins its batch up to this much
+# later (0.1 s on average), a few percent of a job's time there.
+EMBEDDED_BROKER_BUSY_POLL_S = 0.2
+_engine_busy: Callable[[], bool] = lambda: False
+
+
+def report_engine_busy(probe: Callable[[], bool]) -> None:
+    """Tell the embedded broker's poll how to ask whether this process's engine has requests
+    running (worker/tasks.py, once its engine loop exists)."""
+    global _engine_busy
+    _engine_busy = probe
+
+
+def drain_polling_by_load(self, connection, timeout=None):
+    """kombu's virtual Transport.drain_events for the embedded broker, with the wait between two
+    looks at the queue EMBEDDED_BROKER_POLL_S while the engine is idle and
+    EMBEDDED_BROKER_BUSY_POLL_S while it is busy, woken every EMBEDDED_BROKER_POLL_S to look at
+    once when the engine goes idle (so that a job submitted after the last one finished is seen as
+    soon as before). Raises socket.timeout after `timeout` seconds without a message, as kombu's."""
+    start = monotonic()
+    while True:
+        try:
+            self.cycle.get(self._deliver, timeout=timeout)
+            return
+        except Empty:
+            pass
+        look_at = monotonic() + (EMBEDDED_BROKER_BUSY_POLL_S if _engine_busy() else EMBEDDED_BROKER_POLL_S)
+        while True:
+            now = monotonic()
+            if timeout is not None and now - start >= timeout:
+                raise socket.timeout()
+            if now >= look_at:
+                break
+            sleep(min(EMBEDDED_BROKER_POLL_S, look_at - now))
+            if not _engine_busy():
+                break
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -33,10 +75,12 @@ def make_celery(settings: Settings) -> Celery:
         # second when the queue is empty, so a job submitted alone waited 0.5 s on average (up to
         # 1 s) before a worker saw it. Its transport options go to SQLAlchemy's create_engine,
         # which refuses `polling_interval`: the interval is set on kombu's class instead (one
-        # small SELECT on the SQLite file per tick).
+        # small SELECT on the SQLite file per tick), and its wait made to follow the engine's load
+        # (drain_polling_by_load).
         from kombu.transport import sqlalchemy as sqla_transport
 
         sqla_transport.Transport.polling_interval = EMBEDDED_BROKER_POLL_S
+        sqla_transport.Transport.drain_events = drain_polling_by_load
     transport_options = {}
     if settings.broker_url.startswith(("redis", "rediss")):
         # An unacked message (its worker died) is redelivered after the job lease; a live worker

@@ -46,7 +46,7 @@ from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.services.strategy import InFlight, acceptance_curve, concrete_options
-from worker.app import RUN_JOBS, app, enqueue, queue_depth
+from worker.app import RUN_JOBS, app, enqueue, queue_depth, report_engine_busy
 from worker.progress import PROGRESS, Pieces
 from worker.retention import PURGE_EVERY_S, purge_expired
 from worker.webhooks import deliver_webhooks
@@ -112,6 +112,8 @@ class _Process:
                 else:
                     self._loop = EngineLoop(lambda: self._build(settings))
                     self._engine = self._loop.engine
+                loop = self._loop
+                report_engine_busy(lambda: loop.busy)  # the embedded broker polls less while it runs
             return self._loop
 
     def submissions(self, settings: Settings):

@@ -44,6 +44,11 @@ class EngineLoop:
         if self._build_error is not None:
             raise self._build_error
 
+    @property
+    def busy(self) -> bool:
+        """Whether requests are running or waiting to be taken (read from any thread)."""
+        return bool(self._futures) or not self._inbox.empty()
+
     def submit(self, request: Request) -> "Future[ExtractResult]":
         future: Future = Future()
         self._inbox.put(("submit", request, future))

@@ -1,0 +1,94 @@
+"""The embedded broker's poll (worker/app.py: drain_polling_by_load): a look at the queue every
+EMBEDDED_BROKER_POLL_S while the engine is idle, every EMBEDDED_BROKER_BUSY_POLL_S while it is
+busy, at once when it goes idle; a message ends the wait; the timeout is kept. On a fake clock."""
+
+from __future__ import annotations
+
+import socket
+from queue import Empty
+
+import pytest
+
+import worker.app as app_module
+from worker.app import EMBEDDED_BROKER_BUSY_POLL_S, EMBEDDED_BROKER_POLL_S, drain_polling_by_load
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+        self.hooks = []  # (at, fn): run once the clock reaches `at`
+
+    def monotonic(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+        for at, fn in list(self.hooks):
+            if self.now >= at:
+                self.hooks.remove((at, fn))
+                fn()
+
+
+class Transport:
+    """What drain_events uses of kombu's virtual Transport: a cycle whose get raises Empty until
+    a message is put, then delivers it."""
+
+    def __init__(self, clock):
+        self.clock, self.looks, self.message, self.delivered = clock, [], None, []
+        self.cycle = self
+
+    def get(self, callback, timeout=None):
+        self.looks.append(round(self.clock.now, 3))
+        if self.message is None:
+            raise Empty()
+        callback(self.message, "q")
+        self.message = None
+
+    def _deliver(self, message, queue):
+        self.delivered.append(message)
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = Clock()
+    monkeypatch.setattr(app_module, "monotonic", c.monotonic)
+    monkeypatch.setattr(app_module, "sleep", c.sleep)
+    monkeypatch.setattr(app_module, "_engine_busy", lambda: False)
+    return c
+
+
+def gaps(looks):
+    return [round(b - a, 3) for a, b in zip(looks, looks[1:])]
+
+
+def test_idle_it_looks_every_tick_and_a_message_ends_the_wait(clock):
+    t = Transport(clock)
+    clock.hooks.append((0.2, lambda: setattr(t, "message", "job")))
+    drain_polling_by_load(t, None, timeout=2.0)
+    assert t.delivered == ["job"]
+    assert set(gaps(t.looks)) == {EMBEDDED_BROKER_POLL_S} and t.looks[-1] == pytest.approx(0.2, abs=0.06)
+
+
+def test_busy_it_looks_seldom_and_at_once_when_the_engine_goes_idle(clock, monkeypatch):
+    busy = [True]
+    monkeypatch.setattr(app_module, "_engine_busy", lambda: busy[0])
+    t = Transport(clock)
+    clock.hooks.append((1.27, lambda: busy.__setitem__(0, False)))
+    with pytest.raises(socket.timeout):
+        drain_polling_by_load(t, None, timeout=2.0)
+    busy_looks = [x for x in t.looks if x < 1.27]
+    assert set(gaps(busy_looks)) == {EMBEDDED_BROKER_BUSY_POLL_S}  # 0, 0.2, ..., 1.2
+    # idle again: the next look within a tick of it, then one every tick until the timeout
+    after = [x for x in t.looks if x >= 1.27]
+    assert after[0] - 1.27 <= EMBEDDED_BROKER_POLL_S + 1e-9
+    assert set(gaps(after)) <= {EMBEDDED_BROKER_POLL_S} and clock.now == pytest.approx(2.0, abs=0.06)
+
+
+def test_the_embedded_broker_uses_it(tmp_path):
+    from kombu.transport import sqlalchemy as sqla_transport
+
+    from structspec.config import Settings
+    from worker.app import make_celery
+
+    make_celery(Settings(broker_url=f"sqla+sqlite:///{tmp_path}/broker.sqlite"))
+    assert sqla_transport.Transport.drain_events is drain_polling_by_load
