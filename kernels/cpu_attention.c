@@ -89,6 +89,10 @@ typedef float vf __attribute__((vector_size(4 * VW)));
  * by a third (docs/benchmarks.md); the AMX build keeps what was measured on its host. */
 #define PREFETCH_KEYS 64
 #define PREFETCH_VALUES 64
+/* fp32 values in the generic P.V: requested PREFETCH_VALUES_F32 keys ahead on its first pass over
+ * them, two rows a key pair, rather than a block's worth at once during q.K: on the AVX2-only Zen 3
+ * host an fp32 decode step's attention took ~10% less time (docs/benchmarks.md) */
+#define PREFETCH_VALUES_F32 16
 #define NB 64    /* keys per block: a block's keys (or values) in fp32 stay in L1 for every query */
 #define VD (D / VW)
 #define VDV (DV / VW)
@@ -573,7 +577,8 @@ static inline __attribute__((always_inline)) void attend_item(
         const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, NB, D * es);
         const char *vals = rows_at(values, svalues, shared, lo + b, nb, DV * es);
         for (int64_t l = 0; l < NB * D * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
-        for (int64_t l = 0; l < NB * DV * es; l += 64) __builtin_prefetch(vals + l, 0, 2);
+        if (kv_bf16) /* converted to fp32 below before P.V; fp32 values are prefetched by P.V itself */
+            for (int64_t l = 0; l < NB * DV * es; l += 64) __builtin_prefetch(vals + l, 0, 2);
         const char *kb = rows_at(keys, skeys, shared, lo + b, nb, D * es);
         if (kv_bf16) {
             for (int64_t e = 0; e < nb * D; e++) block[e] = bf16_to_f32(((const uint16_t *)kb)[e]);
@@ -641,7 +646,11 @@ static inline __attribute__((always_inline)) void attend_item(
                 if (b == 0) memset(a0, 0, sizeof a0); else memcpy(a0, aq, sizeof a0);
                 const float *p = scores + qi * padded + b, *vh = block + h * VW;
                 int64_t n = 0;
-                for (; n + 1 < nb; n += 2)
+                for (; n + 1 < nb; n += 2) {
+                    if (!kv_bf16 && qi == 0 && h == 0) { /* the first pass over these values */
+                        const char *ahead = rows_at(values, svalues, shared, lo + b + n + PREFETCH_VALUES_F32, 2, DV * es);
+                        for (int l = 0; l < 2 * DV * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+                    }
                     for (int c = 0; c < PV_VECS; c++) {
                         vf x0, x1;
                         memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
@@ -649,6 +658,7 @@ static inline __attribute__((always_inline)) void attend_item(
                         a0[c] += p[n] * x0;
                         a1[c] += p[n + 1] * x1;
                     }
+                }
                 for (; n < nb; n++)
                     for (int c = 0; c < PV_VECS; c++) {
                         vf x0;
