@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
+	bench-loopguard bench-confidence bench-pruned bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
 # OCR (images, scanned PDF pages) runs the tesseract command, a system package pip cannot
 # install: as root on Debian/Ubuntu it is installed with apt-get (tesseract-ocr, English);
@@ -93,7 +93,12 @@ bench-loopguard: install
 
 # per-value confidence on and off, same receipts, interleaved (~8 min on CPU).
 bench-confidence: install
-	$(PY) -m structspec.bench.confidence --docs 16 --rounds 3
+	$(PY) -m structspec.bench.onoff --setting engine_confidence --docs 16 --rounds 3
+
+# pruned logits on and off (they act where an fp32 lm_head runs the native C loop: CPUs without
+# bf16 units), same receipts, drafting, interleaved (~15 min on a 2-core AVX2 CPU).
+bench-pruned: install
+	$(PY) -m structspec.bench.onoff --setting engine_pruned_logits --docs 32 --rounds 3 --strategy composite
 
 # Field accuracy and confidence calibration per model (DeepJSONEval, synthetic receipts and
 # e-mails; ~20 min per model on this CPU). MODELS="default /path/to/other.gguf" adds models.
