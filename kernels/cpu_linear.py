@@ -123,9 +123,7 @@ class NativeLinear:
         if x.dtype != dtype or x.device.type != "cpu" or x.shape[-1] != k:
             raise ValueError(f"x must be {str(dtype).removeprefix('torch.')} on the CPU with last dimension {k}, "
                              f"got {x.dtype} {tuple(x.shape)} on {x.device}")
-        rows = x.reshape(-1, k) if x.dim() != 2 else x
-        if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
-            rows = rows.contiguous()
+        rows = _unit_rows(x.reshape(-1, k) if x.dim() != 2 else x, k)
         m = rows.shape[0]
         out = torch.empty(m, n, dtype=dtype)
         if m:
@@ -152,7 +150,7 @@ class NativeLinear:
         if tuple(wanted.shape) != (groups,) or wanted.dtype != torch.bool:
             raise ValueError(f"wanted must be bool [{groups}] (groups of {GROUP_COLUMNS} columns), "
                              f"got {wanted.dtype} {tuple(wanted.shape)}")
-        rows = x if x.stride(-1) == 1 and (m < 2 or x.stride(0) >= k) else x.contiguous()
+        rows = _unit_rows(x, k)
         dense, wanted = dense.contiguous(), wanted.contiguous()
         out = torch.empty(m, n, dtype=torch.float32)
         if m:
@@ -160,6 +158,13 @@ class NativeLinear:
                          None if packed.bias is None else packed.bias.data_ptr(), out.data_ptr(), n, n,
                          dense.data_ptr(), wanted.data_ptr(), threads or torch.get_num_threads())
         return out
+
+
+def _unit_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """`rows` [m, k] as the C loop reads them: unit last stride, rows at least k apart (copied if not)."""
+    if rows.stride(-1) != 1 or (rows.shape[0] > 1 and rows.stride(0) < k):
+        return rows.contiguous()
+    return rows
 
 
 def load(cache_dir: Path | str | None = None) -> NativeLinear:

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels.cpu_linear import GROUP_COLUMNS
+
 log = logging.getLogger(__name__)
 
 PACK_ROWS = 16  # the row count oneDNN is told to expect; measured rows 1-512 all gain or tie
@@ -102,8 +104,6 @@ class PackedLinear(nn.Module):
             return self.forward(x)
         if allowed.dim() != 2 or allowed.shape[0] != x.shape[0] or allowed.dtype != torch.int32:
             raise ValueError(f"allowed must be int32 [{x.shape[0]}, words], got {allowed.dtype} {tuple(allowed.shape)}")
-        from kernels.cpu_linear import GROUP_COLUMNS
-
         groups = -(-self.out_features // GROUP_COLUMNS)
         # a group of 16 tokens is half a 32-bit word: the int16 halves, low half first (little-endian)
         need = allowed.contiguous().view(torch.int16)[:, :groups] != 0

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import DEVICE
+from kernel_cases import DEVICE, pack_bitmask
 
 from kernels.cpu_linear import load
 
@@ -182,15 +182,6 @@ def test_pruned_bad_arguments_are_refused_saying_what_is_wrong(lib):
             lib.linear_pruned(x, lib.pack(rand(40, 8, seed=1)), dense, wanted)
 
 
-def allowed_rows(vocab: int, rows: list[list[int]]) -> torch.Tensor:
-    """A grammar bitmask (kernels/bitmask.py's layout) allowing each row's tokens."""
-    mask = torch.zeros(len(rows), (vocab + 31) // 32, dtype=torch.int64)
-    for r, tokens in enumerate(rows):
-        for t in tokens:
-            mask[r, t // 32] |= 1 << (t % 32)
-    return mask.to(torch.int32)  # bit 31 wraps to the sign bit, as in the engine's masks
-
-
 @needs_kernel
 def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib):
     """PackedLinear.forward_allowed on the native fp32 kernel: a row allowing a few tokens gets
@@ -208,7 +199,10 @@ def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib):
     layer = PackedLinear(head, lib)
     x = rand(4, k, seed=22, dtype=torch.float32)
     rows = [[5, 31, 32, 1999], list(range(0, vocab, 3)), [700], [13, 14, 15]]
-    allowed = allowed_rows(vocab, rows)
+    wanted = torch.zeros(len(rows), vocab, dtype=torch.bool)
+    for r, tokens in enumerate(rows):
+        wanted[r, tokens] = True
+    allowed = pack_bitmask(wanted)
     full = layer(x)
     got = layer.forward_allowed(x, allowed)
     for r, tokens in enumerate(rows):
