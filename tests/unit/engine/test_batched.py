@@ -35,8 +35,11 @@ from tests.unit.engine.test_grounding import check_grounding, same_grounding
 # measured difference keeps a margin of two under EPS, so EPS cannot silently become too small.
 EPS = 2.5e-6
 # The same for the default model (SmolLM2-135M, fp32, logits up to 44): at most 5.0e-5 over
-# ~2.6k rows, so a divergence needs a gap below 1e-4; four times that.
-DEFAULT_MODEL_EPS = 4e-4
+# ~2.6k rows where this was first measured (AVX-512 hosts), but 7.6e-5, 8.8e-5 and 1.03e-4 over
+# 1,920 rows in three runs on the AVX2-only Zen 3 with its native fp32 kernels (the batch's draft
+# lengths follow measured pass times, so which rows share a pass, and the noise, vary by run).
+# A divergence then needs a gap below ~2.1e-4, and the margin assertion wants EPS >= 4 * max |diff|.
+DEFAULT_MODEL_EPS = 6e-4
 MiB = 1024 * 1024
 
 
