@@ -116,6 +116,9 @@ typedef float vf __attribute__((vector_size(4 * VW)));
  * is an fp32 sum of exact bf16 products of its own query and key, whatever else shares the tile,
  * so a query's scores do not depend on the batch. */
 #define AMX 1
+#ifndef PV_TILES
+#define PV_TILES 1 /* P.V on the tiles too (pv_tiles); 0: vdpbf16ps (pv_bf16), for measuring one against the other */
+#endif
 static int amx_state = 0; /* 0: not asked yet; 1: the OS lets this process use the tiles; -1: not */
 static int amx_usable(void) {
     int state = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
@@ -396,6 +399,71 @@ static inline __attribute__((always_inline)) void pv_bf16(const char *values, co
     }
 }
 
+#if AMX && PV_TILES && DV % 16 == 0
+#define AMX_PV 1
+/* P.V on the matrix units, for every item of an AMX build (whatever its size: a query's sums must
+ * not depend on the rows beside it, and the tiles' fp32 sums are not vdpbf16ps's bits, so the two
+ * never mix). The values of the item's span are laid out once as B tiles (`vt`: for each 32 keys
+ * and 16 dims, 16 rows of (value[2r][d], value[2r + 1][d]) pairs, keys past the span zero); then
+ * for each 16 queries, A = their bf16 probabilities (pb, rows `ps` apart, readable for a whole 16
+ * rows, zero past the span up to a multiple of 32), C = up to 64 dims of their sums (tiles 0, 3,
+ * 4, 5), B alternating in tiles 2 and 6, A in 1. Each output is an fp32 sum of exact products of
+ * its own query's probabilities; a query's result does not depend on the others of its tile.
+ * A prefill chunk's P.V, ~half of its attention with vdpbf16ps (192 queries an item), takes a
+ * fraction of that here; a decode item (3 queries) about what pv_bf16 takes. */
+static void pv_tiles(const char *values, const char *svalues, int64_t shared, int64_t lo, int64_t span,
+                     const uint16_t *pb, int64_t ps, int64_t nq, float *acc, uint32_t *vt) {
+    const int64_t blocks = (span + 31) / 32;
+    for (int64_t blk = 0; blk < blocks; blk++)
+        for (int r = 0; r < 16; r++) {
+            int64_t n0 = blk * 32 + 2 * r, run = n0 / 16 * 16; /* runs of 16 keys read as pv_bf16 reads them */
+            const uint16_t *vb = (const uint16_t *)rows_at(values, svalues, shared, lo + run,
+                                                           span - run < 16 ? span - run : 16, 2 * DV);
+            const uint16_t *r0 = n0 < span ? vb + (n0 - run) * DV : NULL;
+            const uint16_t *r1 = n0 + 1 < span ? vb + (n0 + 1 - run) * DV : NULL;
+            for (int c = 0; c < DV / 16; c++) {
+                __m512i w0 = r0 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + 16 * c)))
+                                : _mm512_setzero_si512();
+                __m512i w1 = r1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + 16 * c)))
+                                : _mm512_setzero_si512();
+                _mm512_store_si512(vt + ((blk * (DV / 16) + c) * 16 + r) * 16, _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16)));
+            }
+        }
+    float part[16][16] __attribute__((aligned(64))); /* a last tile of fewer than 16 queries */
+    for (int64_t q0 = 0; q0 < nq; q0 += 16) {
+        const int64_t rows = nq - q0 < 16 ? nq - q0 : 16;
+        for (int c0 = 0; c0 < DV / 16; c0 += 4) {
+            const int nc = DV / 16 - c0 < 4 ? DV / 16 - c0 : 4;
+            _tile_zero(0);
+            if (nc > 1) _tile_zero(3);
+            if (nc > 2) _tile_zero(4);
+            if (nc > 3) _tile_zero(5);
+            for (int64_t blk = 0; blk < blocks; blk++) {
+                const uint32_t *b = vt + (blk * (DV / 16) + c0) * 256;
+                _tile_loadd(1, pb + q0 * ps + blk * 32, 2 * ps);
+                _tile_loadd(2, b, 64);
+                _tile_dpbf16ps(0, 1, 2);
+                if (nc > 1) { _tile_loadd(6, b + 256, 64); _tile_dpbf16ps(3, 1, 6); }
+                if (nc > 2) { _tile_loadd(2, b + 512, 64); _tile_dpbf16ps(4, 1, 2); }
+                if (nc > 3) { _tile_loadd(6, b + 768, 64); _tile_dpbf16ps(5, 1, 6); }
+            }
+            float *o = acc + q0 * DV + c0 * 16;
+#define PV_STORE(t, c)                                                                  \
+            if (nc > c) {                                                               \
+                if (rows == 16) {                                                       \
+                    _tile_stored(t, o + 16 * c, 4 * DV);                                \
+                } else {                                                                \
+                    _tile_stored(t, part, 64);                                          \
+                    for (int64_t m = 0; m < rows; m++) memcpy(o + m * DV + 16 * c, part[m], 64); \
+                }                                                                       \
+            }
+            PV_STORE(0, 0) PV_STORE(3, 1) PV_STORE(4, 2) PV_STORE(5, 3)
+#undef PV_STORE
+        }
+    }
+}
+#endif
+
 /* pb[0:n] = x[0:n] rounded to bf16 (to nearest even), n a multiple of 32 */
 static inline void to_bf16(const float *x, uint16_t *pb, int64_t n) {
     for (int64_t i = 0; i < n; i += 32)
@@ -440,6 +508,10 @@ static void append_item(int kv_bf16, int64_t j, int g, int64_t num_seqs, const i
  * each its own item, so that one long chunk keeps every thread busy. */
 #define ROW_BLOCK 64
 
+#ifndef AMX_PV
+#define AMX_PV 0 /* P.V with vdpbf16ps (pv_bf16) or in fp32 */
+#endif
+
 /* One work item: rows [r0, r1) of sequence j for kv head g (their keys and values already
  * appended); KV buffers of bf16 (kv_bf16) or fp32. Always inlined, and called with a literal
  * kv_bf16, so that each case's loops are specialised. */
@@ -478,8 +550,12 @@ static inline __attribute__((always_inline)) void attend_item(
      * and for bf16 KV the probabilities in bf16: one allocation an item */
     int64_t block_at = (nq * D + nq * padded + nq * DV + nq + 15) / 16 * 16; /* 64-byte aligned, as qs */
     int64_t pb_at = block_at + NB * (D > DV ? D : DV); /* a multiple of 16 floats too (D, DV: of 8) */
-    int64_t pb_floats = DPBF16 && kv_bf16 ? (nq * padded / 2 + 15) / 16 * 16 : 0;
-    float *qs = aligned_alloc(64, sizeof(float) * (pb_at + pb_floats));
+    /* with P.V on the tiles, pb holds whole tiles of 16 queries (the rows past nq are read, not used),
+     * then the values laid out as B tiles (pv_tiles: 32 keys x DV pairs-of-bf16 a block) */
+    int64_t pb_rows = AMX_PV && amx ? (nq + 15) / 16 * 16 : nq;
+    int64_t pb_floats = DPBF16 && kv_bf16 ? (pb_rows * padded / 2 + 15) / 16 * 16 : 0;
+    int64_t vt_floats = AMX_PV && amx && kv_bf16 ? (span + 31) / 32 * 16 * DV : 0;
+    float *qs = aligned_alloc(64, sizeof(float) * (pb_at + pb_floats + vt_floats));
     float *scores = qs + nq * D, *acc = scores + nq * padded, *inv = acc + nq * DV;
     float *block = qs + block_at; /* aligned: its vector loads never straddle a cache line */
 #if DPBF16
@@ -610,6 +686,11 @@ static inline __attribute__((always_inline)) void attend_item(
 #endif
     }
 #if DPBF16
+#if AMX_PV
+    if (kv_bf16 && amx) {
+        pv_tiles(values, svalues, shared, lo, span, pb, padded, nq, acc, (uint32_t *)(qs + pb_at + pb_floats));
+    } else
+#endif
     if (kv_bf16) { /* P.V straight from bf16 values, QG queries at a time (see pv_bf16) */
         for (int64_t q0 = 0; q0 < nq; q0 += QG) {
             const uint16_t *pq = pb + q0 * padded;

@@ -18,8 +18,11 @@
   linear layers through kernels/cpu_linear.c where the engine picks it, then that with the loop
   over the layers in one C call (kernels/cpu_forward.c) where the engine picks it (the default);
   and a 512-token prefill chunk (logits of its last row only, as the
-  engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (2 x parameters
-  x tokens, attention left out: a lower estimate of the work);
+  engine computes them) as GFLOP/s against the measured GEMM rate of its dtype (the linear
+  layers' 2 x weights x tokens, plus the lm_head for the one row; the embedding is a lookup, and
+  attention is left out: a lower estimate of the work. Before 2026-11-27 the count was 2 x every
+  parameter x tokens, which counted the 28M-entry embedding for every token and overstated the
+  default model's prefill rate by 1.26x);
 - with --profile, where the 16-sequence decode pass spends its time, by part and by torch
   operator (of the pass that loops in Python: its timers wrap the Python calls).
 
@@ -197,7 +200,11 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     # 16 rows multiply every weight: at the measured decode-shaped GEMM rate that is a second
     # floor, above the weight read on a 2-core CPU
     compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
-    prefill_gflops = 2 * params * CONTEXT / (passes["prefill_512"] / 1000) / 1e9
+    # the prefill chunk's GEMMs: every linear layer for each token, the lm_head for the last one
+    # only; the embedding is a lookup (and a tied lm_head shares its weights: counted once above)
+    embedding = loaded.model.get_input_embeddings().weight.numel()
+    prefill_flops = 2 * (params - embedding) * CONTEXT + 2 * embedding
+    prefill_gflops = prefill_flops / (passes["prefill_512"] / 1000) / 1e9
     return {"dtype": dtype, "forward": engine.forward_name, "attention": engine.runner.attention,
             "layer_steps": engine.layer_steps, "layer_loop": engine.layer_loop,
             "packed_linears": engine.packed_linears, "linear": engine.linear,
