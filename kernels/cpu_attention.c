@@ -404,7 +404,8 @@ static inline __attribute__((always_inline)) void pv_bf16(const char *values, co
 /* P.V on the matrix units, for every item of an AMX build (whatever its size: a query's sums must
  * not depend on the rows beside it, and the tiles' fp32 sums are not vdpbf16ps's bits, so the two
  * never mix). The values of the item's span are laid out once as B tiles (`vt`: for each 32 keys
- * and 16 dims, 16 rows of (value[2r][d], value[2r + 1][d]) pairs, keys past the span zero); then
+ * and 16 dims, 16 rows of (value[2r][d], value[2r + 1][d]) pairs, keys past the span zero; the
+ * dims of a 32 in pv_bf16's interleaved lane order, put back in order when C is stored); then
  * for each 16 queries, A = their bf16 probabilities (pb, rows `ps` apart, readable for a whole 16
  * rows, zero past the span up to a multiple of 32), C = up to 64 dims of their sums (tiles 0, 3,
  * 4, 5), B alternating in tiles 2 and 6, A in 1. Each output is an fp32 sum of exact products of
@@ -421,15 +422,28 @@ static void pv_tiles(const char *values, const char *svalues, int64_t shared, in
                                                            span - run < 16 ? span - run : 16, 2 * DV);
             const uint16_t *r0 = n0 < span ? vb + (n0 - run) * DV : NULL;
             const uint16_t *r1 = n0 + 1 < span ? vb + (n0 + 1 - run) * DV : NULL;
-            for (int c = 0; c < DV / 16; c++) {
-                __m512i w0 = r0 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + 16 * c)))
-                                : _mm512_setzero_si512();
-                __m512i w1 = r1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + 16 * c)))
-                                : _mm512_setzero_si512();
-                _mm512_store_si512(vt + ((blk * (DV / 16) + c) * 16 + r) * 16, _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16)));
+            uint32_t *row = vt + (blk * (DV / 16) * 16 + r) * 16; /* row r of the block's first B tile */
+            for (int h = 0; h < DV / 32; h++) { /* 32 dims: two tiles of pairs, in pv_bf16's lane order */
+                __m512i v0 = r0 ? _mm512_loadu_si512(r0 + 32 * h) : _mm512_setzero_si512();
+                __m512i v1 = r1 ? _mm512_loadu_si512(r1 + 32 * h) : _mm512_setzero_si512();
+                _mm512_store_si512(row + (2 * h) * 256, _mm512_unpacklo_epi16(v0, v1));
+                _mm512_store_si512(row + (2 * h + 1) * 256, _mm512_unpackhi_epi16(v0, v1));
             }
+#if DV % 32
+            { /* a last 16 dims: paired by widening, in dim order */
+                __m512i w0 = r0 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + DV - 16)))
+                                : _mm512_setzero_si512();
+                __m512i w1 = r1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + DV - 16)))
+                                : _mm512_setzero_si512();
+                _mm512_store_si512(row + (DV / 16 - 1) * 256, _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16)));
+            }
+#endif
         }
-    float part[16][16] __attribute__((aligned(64))); /* a last tile of fewer than 16 queries */
+    /* a pair of tiles (2h, 2h + 1) holds dims 32h + {0-3, 8-11, 16-19, 24-27} and {4-7, ..., 28-31}
+     * (unpacklo/hi work within 128-bit lanes): put back in dim order as pv_bf16 does */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    float part[4][16][16] __attribute__((aligned(64))); /* a group's C tiles: [tile][query][column] */
     for (int64_t q0 = 0; q0 < nq; q0 += 16) {
         const int64_t rows = nq - q0 < 16 ? nq - q0 : 16;
         for (int c0 = 0; c0 < DV / 16; c0 += 4) {
@@ -447,18 +461,20 @@ static void pv_tiles(const char *values, const char *svalues, int64_t shared, in
                 if (nc > 2) { _tile_loadd(2, b + 512, 64); _tile_dpbf16ps(4, 1, 2); }
                 if (nc > 3) { _tile_loadd(6, b + 768, 64); _tile_dpbf16ps(5, 1, 6); }
             }
-            float *o = acc + q0 * DV + c0 * 16;
-#define PV_STORE(t, c)                                                                  \
-            if (nc > c) {                                                               \
-                if (rows == 16) {                                                       \
-                    _tile_stored(t, o + 16 * c, 4 * DV);                                \
-                } else {                                                                \
-                    _tile_stored(t, part, 64);                                          \
-                    for (int64_t m = 0; m < rows; m++) memcpy(o + m * DV + 16 * c, part[m], 64); \
-                }                                                                       \
+            _tile_stored(0, part[0], 64);
+            if (nc > 1) _tile_stored(3, part[1], 64);
+            if (nc > 2) _tile_stored(4, part[2], 64);
+            if (nc > 3) _tile_stored(5, part[3], 64);
+            for (int64_t m = 0; m < rows; m++) {
+                float *o = acc + (q0 + m) * DV + c0 * 16;
+                int c = 0;
+                for (; c + 1 < nc && c0 + c + 1 < DV / 32 * 2; c += 2) {
+                    __m512 lo16 = _mm512_load_ps(part[c][m]), hi16 = _mm512_load_ps(part[c + 1][m]);
+                    _mm512_storeu_ps(o + 16 * c, _mm512_permutex2var_ps(lo16, first, hi16));
+                    _mm512_storeu_ps(o + 16 * c + 16, _mm512_permutex2var_ps(lo16, second, hi16));
+                }
+                if (c < nc) memcpy(o + 16 * c, part[c][m], 64); /* the widened last 16 dims */
             }
-            PV_STORE(0, 0) PV_STORE(3, 1) PV_STORE(4, 2) PV_STORE(5, 3)
-#undef PV_STORE
         }
     }
 }
