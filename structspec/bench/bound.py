@@ -11,7 +11,8 @@
   at that bandwidth (a decode step cannot be faster: every weight is read each pass); the
   engine's decode pass of 16 sequences x 1 row and of 1 x 1 at 512 tokens of context, as
   multiples of that bound and of the larger of it and the 16 rows' GEMMs at the measured
-  decode-shaped GEMM rate (on 2 cores the compute floor is the higher one); each without and
+  decode-shaped GEMM rate (on 2 cores the compute floor is the higher one), and of the time to
+  read the weights and the 16 sequences' KV cache once (the pass reads both); each without and
   with the linear layers prepacked (engine/packed.py), and prepacked through the lean forward
   (engine/lean.py), then that with the native attention (kernels/cpu_attention.c), then that
   with the layer's elementwise steps fused in C (kernels/cpu_layer.c), then that with the bf16
@@ -197,6 +198,9 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
         lean_forward.layer_loop = None  # the same calls, looped over from Python
     passes = engine_passes(engine)
     bound_ms = nbytes / (bandwidth * 1e9) * 1000
+    # a decode pass also reads every sequence's keys and values: at 512 tokens of context, 16
+    # sequences' KV is ~70% of the default model's bf16 weights
+    kv_ms = 16 * CONTEXT * engine.runner.layout.bytes_per_token / (bandwidth * 1e9) * 1000
     # 16 rows multiply every weight: at the measured decode-shaped GEMM rate that is a second
     # floor, above the weight read on a 2-core CPU
     compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
@@ -213,6 +217,8 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
             "pass_ms": passes,
             "decode_16x1_over_bound": round(passes["16x1"] / bound_ms, 2),
             "decode_16x1_over_max_bound": round(passes["16x1"] / max(bound_ms, compute_ms), 2),
+            "kv_read_16x1_ms": round(kv_ms, 2),
+            "decode_16x1_over_weights_and_kv": round(passes["16x1"] / (bound_ms + kv_ms), 2),
             "decode_1x1_over_bound": round(passes["1x1"] / bound_ms, 2),
             "prefill_gflops": round(prefill_gflops, 1),
             "prefill_of_gemm_rate": round(prefill_gflops / gemm[dtype]["prefill"], 3),
@@ -263,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
               f"read once in {m['weight_read_ms']} ms at {report['memory_gbps']} GB/s, 16 rows' GEMMs "
               f"{m['compute_16_rows_ms']} ms at the decode GEMM rate; decode 16x1 {m['pass_ms']['16x1']} ms = "
               f"{m['decode_16x1_over_bound']}x the weight read, {m['decode_16x1_over_max_bound']}x the larger "
-              f"bound; decode 1x1 {m['pass_ms']['1x1']} ms; prefill {m['prefill_gflops']} GFLOP/s = "
+              f"bound, {m['decode_16x1_over_weights_and_kv']}x the weights' and KV's read "
+              f"({m['kv_read_16x1_ms']} ms of KV); decode 1x1 {m['pass_ms']['1x1']} ms; prefill {m['prefill_gflops']} GFLOP/s = "
               f"{m['prefill_of_gemm_rate']:.0%} of the {m['dtype']} GEMM rate", file=sys.stderr)
     return 0
 
