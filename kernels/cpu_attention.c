@@ -328,6 +328,35 @@ static inline const uint16_t *key_run(const char *keys, const char *skeys, const
 #endif
 
 #if DPBF16
+/* Two value rows as the pairs vdpbf16ps takes, DV / 16 vectors (r1 NULL: the odd key out, paired
+ * with zeros): each lane (value[r0][d], value[r1][d]). For each 32 dims, unpacklo/hi interleave
+ * within 128-bit lanes, so vector 2h holds dims 32h + {0-3, 8-11, 16-19, 24-27} and 2h + 1 the
+ * other 16 (store_in_dim_order puts sums over them back in order); a last 16 dims (DV % 32) are
+ * paired by widening, in order. */
+static inline __attribute__((always_inline)) void value_pairs(const uint16_t *r0, const uint16_t *r1,
+                                                              __m512i x[DV / 16]) {
+    for (int h = 0; h < DV / 32; h++) {
+        __m512i v0 = _mm512_loadu_si512(r0 + h * 32);
+        __m512i v1 = r1 ? _mm512_loadu_si512(r1 + h * 32) : _mm512_setzero_si512();
+        x[2 * h] = _mm512_unpacklo_epi16(v0, v1);
+        x[2 * h + 1] = _mm512_unpackhi_epi16(v0, v1);
+    }
+#if DV % 32
+    __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + DV - 16)));
+    __m512i w1 = r1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + DV - 16)))
+                    : _mm512_setzero_si512();
+    x[DV / 16 - 1] = _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16));
+#endif
+}
+
+/* o[0:32] = the sums `lo`, `hi` over vectors 2h, 2h + 1 of value_pairs, in dim order */
+static inline void store_in_dim_order(float *o, __m512 lo, __m512 hi) {
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    _mm512_storeu_ps(o, _mm512_permutex2var_ps(lo, first, hi));
+    _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(lo, second, hi));
+}
+
 /* queries per pass of pv_bf16: QG x DV / 16 accumulators, with a key pair's DV / 16 vectors and a
  * broadcast probability pair, stay in the 32 registers */
 #define QG (DV <= 32 ? 8 : DV <= 64 ? 6 : DV <= 96 ? 4 : 3)
@@ -360,39 +389,19 @@ static inline __attribute__((always_inline)) void pv_bf16(const char *values, co
 #endif
         for (int64_t n = 0; n < nb; n += 2) {
             const uint16_t *r0 = vb + n * DV;
-            const int second = n + 1 < nb; /* else the odd key out pairs with zeros (never read past the span) */
-            __m512bh x[DV / 16];
-            for (int h = 0; h < DV / 32; h++) {
-                __m512i v0 = _mm512_loadu_si512(r0 + h * 32);
-                __m512i v1 = second ? _mm512_loadu_si512(r0 + DV + h * 32) : _mm512_setzero_si512();
-                x[2 * h] = (__m512bh)_mm512_unpacklo_epi16(v0, v1);
-                x[2 * h + 1] = (__m512bh)_mm512_unpackhi_epi16(v0, v1);
-            }
-#if DV % 32
-            {
-                __m512i w0 = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + DV - 16)));
-                __m512i w1 = second ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + 2 * DV - 16)))
-                                    : _mm512_setzero_si512();
-                x[DV / 16 - 1] = (__m512bh)_mm512_or_si512(w0, _mm512_slli_epi32(w1, 16));
-            }
-#endif
+            __m512i x[DV / 16]; /* the odd key out pairs with zeros (never read past the span) */
+            value_pairs(r0, n + 1 < nb ? r0 + DV : NULL, x);
             for (int m = 0; m < QG; m++) {
                 if (m >= nq) break;
                 int32_t pair;
                 memcpy(&pair, pb + m * ps + b + n, 4);
                 __m512bh pp = (__m512bh)_mm512_set1_epi32(pair);
-                for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_dpbf16_ps(a[m][c], pp, x[c]);
+                for (int c = 0; c < DV / 16; c++) a[m][c] = _mm512_dpbf16_ps(a[m][c], pp, (__m512bh)x[c]);
             }
         }
     }
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     for (int64_t m = 0; m < nq; m++) {
-        for (int h = 0; h < DV / 32; h++) {
-            _mm512_storeu_ps(acc + m * DV + h * 32, _mm512_permutex2var_ps(a[m][2 * h], first, a[m][2 * h + 1]));
-            _mm512_storeu_ps(acc + m * DV + h * 32 + 16,
-                             _mm512_permutex2var_ps(a[m][2 * h], second, a[m][2 * h + 1]));
-        }
+        for (int h = 0; h < DV / 32; h++) store_in_dim_order(acc + m * DV + h * 32, a[m][2 * h], a[m][2 * h + 1]);
 #if DV % 32
         _mm512_storeu_ps(acc + m * DV + DV - 16, a[m][DV / 16 - 1]);
 #endif
@@ -405,7 +414,7 @@ static inline __attribute__((always_inline)) void pv_bf16(const char *values, co
  * not depend on the rows beside it, and the tiles' fp32 sums are not vdpbf16ps's bits, so the two
  * never mix). The values of the item's span are laid out once as B tiles (`vt`: for each 32 keys
  * and 16 dims, 16 rows of (value[2r][d], value[2r + 1][d]) pairs, keys past the span zero; the
- * dims of a 32 in pv_bf16's interleaved lane order, put back in order when C is stored); then
+ * dims in value_pairs's order, put back in order when C is stored); then
  * for each 16 queries, A = their bf16 probabilities (pb, rows `ps` apart, readable for a whole 16
  * rows, zero past the span up to a multiple of 32), C = up to 64 dims of their sums (tiles 0, 3,
  * 4, 5), B alternating in tiles 2 and 6, A in 1. Each output is an fp32 sum of exact products of
@@ -423,26 +432,13 @@ static void pv_tiles(const char *values, const char *svalues, int64_t shared, in
             const uint16_t *r0 = n0 < span ? vb + (n0 - run) * DV : NULL;
             const uint16_t *r1 = n0 + 1 < span ? vb + (n0 + 1 - run) * DV : NULL;
             uint32_t *row = vt + (blk * (DV / 16) * 16 + r) * 16; /* row r of the block's first B tile */
-            for (int h = 0; h < DV / 32; h++) { /* 32 dims: two tiles of pairs, in pv_bf16's lane order */
-                __m512i v0 = r0 ? _mm512_loadu_si512(r0 + 32 * h) : _mm512_setzero_si512();
-                __m512i v1 = r1 ? _mm512_loadu_si512(r1 + 32 * h) : _mm512_setzero_si512();
-                _mm512_store_si512(row + (2 * h) * 256, _mm512_unpacklo_epi16(v0, v1));
-                _mm512_store_si512(row + (2 * h + 1) * 256, _mm512_unpackhi_epi16(v0, v1));
-            }
-#if DV % 32
-            { /* a last 16 dims: paired by widening, in dim order */
-                __m512i w0 = r0 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r0 + DV - 16)))
-                                : _mm512_setzero_si512();
-                __m512i w1 = r1 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(r1 + DV - 16)))
-                                : _mm512_setzero_si512();
-                _mm512_store_si512(row + (DV / 16 - 1) * 256, _mm512_or_si512(w0, _mm512_slli_epi32(w1, 16)));
-            }
-#endif
+            __m512i x[DV / 16];
+            if (r0)
+                value_pairs(r0, r1, x);
+            else /* keys past the span */
+                for (int c = 0; c < DV / 16; c++) x[c] = _mm512_setzero_si512();
+            for (int c = 0; c < DV / 16; c++) _mm512_store_si512(row + c * 256, x[c]);
         }
-    /* a pair of tiles (2h, 2h + 1) holds dims 32h + {0-3, 8-11, 16-19, 24-27} and {4-7, ..., 28-31}
-     * (unpacklo/hi work within 128-bit lanes): put back in dim order as pv_bf16 does */
-    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
-    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     float part[4][16][16] __attribute__((aligned(64))); /* a group's C tiles: [tile][query][column] */
     for (int64_t q0 = 0; q0 < nq; q0 += 16) {
         const int64_t rows = nq - q0 < 16 ? nq - q0 : 16;
@@ -468,11 +464,8 @@ static void pv_tiles(const char *values, const char *svalues, int64_t shared, in
             for (int64_t m = 0; m < rows; m++) {
                 float *o = acc + (q0 + m) * DV + c0 * 16;
                 int c = 0;
-                for (; c + 1 < nc && c0 + c + 1 < DV / 32 * 2; c += 2) {
-                    __m512 lo16 = _mm512_load_ps(part[c][m]), hi16 = _mm512_load_ps(part[c + 1][m]);
-                    _mm512_storeu_ps(o + 16 * c, _mm512_permutex2var_ps(lo16, first, hi16));
-                    _mm512_storeu_ps(o + 16 * c + 16, _mm512_permutex2var_ps(lo16, second, hi16));
-                }
+                for (; c + 1 < nc && c0 + c + 1 < DV / 32 * 2; c += 2)
+                    store_in_dim_order(o + 16 * c, _mm512_load_ps(part[c][m]), _mm512_load_ps(part[c + 1][m]));
                 if (c < nc) memcpy(o + 16 * c, part[c][m], 64); /* the widened last 16 dims */
             }
         }

@@ -23,7 +23,7 @@
   layers' 2 x weights x tokens, plus the lm_head for the one row; the embedding is a lookup, and
   attention is left out: a lower estimate of the work. Before 2026-11-27 the count was 2 x every
   parameter x tokens, which counted the 28M-entry embedding for every token and overstated the
-  default model's prefill rate by 1.26x);
+  default model's prefill rate by 1.27x);
 - with --profile, where the 16-sequence decode pass spends its time, by part and by torch
   operator (of the pass that loops in Python: its timers wrap the Python calls).
 
