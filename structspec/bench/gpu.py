@@ -267,8 +267,8 @@ def plan_markdown(s: dict[str, Any]) -> str:
 # (2026-11-26 and -27; the third machine ran every launch-bound pass ~2x slower), rounded up with
 # room; throughput's from its shortened torch-attention row. Each call's stages must fit its 520 s
 # deadline, and both calls with a machine start must fit the 15 device minutes a lent task has.
-STAGE_ESTIMATE_S = {"kernel-bench": 15, "kernels": 60, "exactness": 150, "pass-cost": 20, "throughput": 90,
-                    "real-model": 170, "hf-peer": 130}
+STAGE_ESTIMATE_S = {"kernel-bench": 20, "kernels": 60, "exactness": 150, "pass-cost": 20, "throughput": 90,
+                    "real-model": 200, "hf-peer": 140}
 DEVICE_BUDGET_S = 900
 MACHINE_START_S = 60  # a start, the transfers and the wheels' install, per call at most
 DEADLINE_S = 520
