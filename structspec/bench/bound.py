@@ -24,8 +24,15 @@
   attention is left out: a lower estimate of the work. Before 2026-11-27 the count was 2 x every
   parameter x tokens, which counted the 28M-entry embedding for every token and overstated the
   default model's prefill rate by 1.27x);
-- with --profile, where the 16-sequence decode pass spends its time, by part and by torch
-  operator (of the pass that loops in Python: its timers wrap the Python calls).
+- with --profile, where the 16-sequence decode pass and the 512-token prefill chunk spend their
+  time, by part and by torch operator (of the pass that loops in Python: its timers wrap the
+  Python calls).
+
+The machine's limits drift: on the AMX host the bf16 GEMM at the prefill shape ran at 2,178
+GFLOP/s at the start of a run and at ~910 a few minutes later (docs/benchmarks.md). So each
+model's passes are set against the GEMM rate and bandwidth measured just before and just after
+them (`limits_before`, `limits_after`), the larger of each pair taken as the bound: a multiple of
+the run-start figures alone could be off by 2x either way.
 
 A benchmark: run it alone (a test run beside it on 2 cores halves every figure).
 """
@@ -76,6 +83,14 @@ def memory_gbps(nbytes: int = BANDWIDTH_BYTES, repeats: int = 8) -> float:
     return nbytes / s / 1e9
 
 
+def limits(dtype: torch.dtype) -> dict:
+    """The machine's limits now, for `dtype`: GEMM GFLOP/s at the prefill and decode shapes,
+    memory GB/s."""
+    return {"gemm_prefill_gflops": round(gemm_gflops(dtype, PREFILL_SHAPE), 1),
+            "gemm_decode_gflops": round(gemm_gflops(dtype, DECODE_SHAPE), 1),
+            "memory_gbps": round(memory_gbps(), 2)}
+
+
 def chip() -> dict:
     name = platform.processor()
     try:
@@ -93,11 +108,19 @@ def engine_passes(engine, repeats: int = 5) -> dict:
     """Milliseconds of the engine's own passes at CONTEXT tokens: decode 16 x 1 and 1 x 1 rows,
     and one sequence's 512-token prefill chunk with logits of its last row."""
     from structspec.bench.passes import pass_shapes
-    from structspec.engine.kv_cache import Segment, Slot
-    from structspec.engine.runner import StepInputs
 
     shapes = {f"{n}x{r}": row["ms"] for row in pass_shapes(engine, (CONTEXT,), repeats, ((16, 1), (1, 1)))
               for n, r in [(row["sequences"], row["rows_each"])]}
+    shapes["prefill_512"] = round(best_seconds(prefill_pass(engine), repeats) * 1000, 3)
+    return shapes
+
+
+def prefill_pass(engine):
+    """A callable running one sequence's CONTEXT-token prefill chunk (logits of its last row),
+    the same chunk each call."""
+    from structspec.engine.kv_cache import Segment, Slot
+    from structspec.engine.runner import StepInputs
+
     runner = engine.runner
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(1, engine.loaded.vocab_size - 1, (CONTEXT,), generator=gen)
@@ -107,25 +130,36 @@ def engine_passes(engine, repeats: int = 5) -> dict:
         slot.length = 0
         runner.forward(StepInputs(ids, torch.arange(CONTEXT), [Segment(slot, 0, CONTEXT, 0)],
                                   torch.tensor([CONTEXT - 1])))
-
-    shapes["prefill_512"] = round(best_seconds(prefill, repeats) * 1000, 3)
-    return shapes
+    return prefill
 
 
 def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) -> dict:
-    """Where a decode pass of `sequences` x 1 row at CONTEXT tokens spends its time, two ways:
-    wall time by part (the linear layers, the native attention's C call, the fused layer steps,
-    the rest: Python and torch's other operators), by timers around those calls; and torch's
-    profiler by operator (its own overhead inflates small operators, and it does not see the C
-    calls). Only the decode passes are measured, not the prefill that fills the context."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Where a decode pass of `sequences` x 1 row at CONTEXT tokens spends its time (profile_pass).
+    Only the decode passes are measured, not the prefill that fills the context."""
     from structspec.bench.passes import context_slots, step_over
-    from structspec.engine.packed import PackedLinear
 
     runner = engine.runner
     step = step_over(context_slots(engine, sequences, CONTEXT, 1), sequences, 1, CONTEXT, runner.device)
-    runner.forward(step)  # warm-up
+    return {"sequences": sequences, "context": CONTEXT,
+            **profile_pass(engine, lambda: runner.forward(step), top, passes)}
+
+
+def profile_prefill(engine, top: int = 12, passes: int = 5) -> dict:
+    """Where one sequence's CONTEXT-token prefill chunk spends its time (profile_pass)."""
+    return {"tokens": CONTEXT, **profile_pass(engine, prefill_pass(engine), top, passes)}
+
+
+def profile_pass(engine, run, top: int, passes: int) -> dict:
+    """Where `run` (one forward pass) spends its time, two ways: wall time by part (the linear
+    layers, the native attention's C call, the fused layer steps, the rest: Python and torch's
+    other operators), by timers around those calls; and torch's profiler by operator (its own
+    overhead inflates small operators, and it does not see the C calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from structspec.engine.packed import PackedLinear
+
+    runner = engine.runner
+    run()  # warm-up
     parts: dict[str, float] = {}
     lean = getattr(runner, "lean", None)
     timed = [(PackedLinear, "forward", "linear layers"), (torch.nn.Linear, "forward", "linear layers")]
@@ -136,20 +170,20 @@ def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) 
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in timed]  # classes: their functions
 
     def timer(fn, part):
-        def run(*args, **kwargs):
+        def timed_call(*args, **kwargs):
             t = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
                 parts[part] = parts.get(part, 0.0) + time.perf_counter() - t
-        return run
+        return timed_call
 
     for obj, name, part in timed:
         setattr(obj, name, timer(getattr(obj, name), part))
     try:
         start = time.perf_counter()
         for _ in range(passes):
-            runner.forward(step)
+            run()
         total = time.perf_counter() - start
     finally:
         for obj, name, fn in saved:
@@ -160,16 +194,16 @@ def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) 
     parts["the rest"] = total - sum(parts.values())
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(passes):
-            runner.forward(step)
+            run()
     events = prof.key_averages()
     rows = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
-    return {"sequences": sequences, "context": CONTEXT, "ms_per_pass": round(total / passes * 1000, 2),
+    return {"ms_per_pass": round(total / passes * 1000, 2),
             "ms_per_pass_by_part": {k: round(v / passes * 1000, 2) for k, v in parts.items()},
             "torch_profiler_ops": [{"op": e.key, "calls_per_pass": e.count // passes,
                                     "ms_per_pass": round(e.self_cpu_time_total / 1000 / passes, 2)} for e in rows]}
 
 
-def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = False, packed: bool = True,
+def model_figures(dtype: str, profiled: bool = False, packed: bool = True,
                   lean: bool = True, kernel_backend: str = "auto", fused: bool = True,
                   native_linear: bool = True, layer_loop: bool = True) -> dict:
     """The default model in `dtype`, its linear layers prepacked or not (engine/packed.py), through
@@ -178,7 +212,8 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
     elementwise steps fused in C where the engine picks that (`fused`; False: torch's), its
     linear layers through kernels/cpu_linear.c where the engine picks that (`native_linear`;
     False: oneDNN's packing), its layer loop in C where the engine picks that (`layer_loop`;
-    False: in Python)."""
+    False: in Python). Its passes are set against the limits measured just before and after them
+    (the larger of each pair)."""
     from unittest import mock
 
     from structspec.engine import engine as engine_module
@@ -196,14 +231,18 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
         lean_forward.ops = None  # the same forward with torch's elementwise operators
     if lean_forward is not None and not layer_loop:
         lean_forward.layer_loop = None  # the same calls, looped over from Python
+    before = limits(loaded.dtype)
     passes = engine_passes(engine)
+    after = limits(loaded.dtype)
+    near = {k: max(before[k], after[k]) for k in before}
+    bandwidth = near["memory_gbps"]
     bound_ms = nbytes / (bandwidth * 1e9) * 1000
     # a decode pass also reads every sequence's keys and values: at 512 tokens of context, 16
     # sequences' KV is ~70% of the default model's bf16 weights
     kv_ms = 16 * CONTEXT * engine.runner.layout.bytes_per_token / (bandwidth * 1e9) * 1000
     # 16 rows multiply every weight: at the measured decode-shaped GEMM rate that is a second
     # floor, above the weight read on a 2-core CPU
-    compute_ms = 2 * params * 16 / (gemm[dtype]["decode"] * 1e9) * 1000
+    compute_ms = 2 * params * 16 / (near["gemm_decode_gflops"] * 1e9) * 1000
     # the prefill chunk's GEMMs: every linear layer for each token, the lm_head for the last one
     # only; the embedding is a lookup (and a tied lm_head shares its weights: counted once above)
     embedding = loaded.model.get_input_embeddings().weight.numel()
@@ -214,15 +253,16 @@ def model_figures(dtype: str, bandwidth: float, gemm: dict, profiled: bool = Fal
             "packed_linears": engine.packed_linears, "linear": engine.linear,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),
-            "pass_ms": passes,
+            "limits_before": before, "limits_after": after, "pass_ms": passes,
             "decode_16x1_over_bound": round(passes["16x1"] / bound_ms, 2),
             "decode_16x1_over_max_bound": round(passes["16x1"] / max(bound_ms, compute_ms), 2),
             "kv_read_16x1_ms": round(kv_ms, 2),
             "decode_16x1_over_weights_and_kv": round(passes["16x1"] / (bound_ms + kv_ms), 2),
             "decode_1x1_over_bound": round(passes["1x1"] / bound_ms, 2),
             "prefill_gflops": round(prefill_gflops, 1),
-            "prefill_of_gemm_rate": round(prefill_gflops / gemm[dtype]["prefill"], 3),
-            "decode_16x1_profile": profile_decode(engine) if profiled else None}
+            "prefill_of_gemm_rate": round(prefill_gflops / near["gemm_prefill_gflops"], 3),
+            "decode_16x1_profile": profile_decode(engine) if profiled else None,
+            "prefill_512_profile": profile_prefill(engine) if profiled else None}
 
 
 def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0, profiled: bool = False) -> dict:
@@ -244,8 +284,7 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
              (True, True, "torch", False, False, False), (True, True, "auto", False, False, False),
              (True, True, "auto", True, False, False), (True, True, "auto", True, True, False),
              (True, True, "auto", True, True, True))
-    out["models"] = [model_figures(d, out["memory_gbps"], out["gemm_gflops"], profiled and native and not loop,
-                                   packed, lean, backend, fused, native, loop)
+    out["models"] = [model_figures(d, profiled and native and not loop, packed, lean, backend, fused, native, loop)
                      for d in dtypes for packed, lean, backend, fused, native, loop in steps]
     return out
 
@@ -254,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m structspec.bench.bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="the default model's dtypes to time")
-    p.add_argument("--profile", action="store_true", help="also profile a 16-sequence decode pass by operator")
+    p.add_argument("--profile", action="store_true", help="also profile a 16-sequence decode pass and a prefill chunk by part and operator")
     p.add_argument("--out", type=Path, default=Path("bench-out/bound.json"))
     args = p.parse_args(argv)
     report = measure(tuple(args.dtypes.split(",")), args.threads, args.profile)
@@ -266,13 +305,23 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['layer_loop']} layer loop, "
               f"{m['packed_linears']} linear "
               f"layers prepacked, {m['linear']} linear): weights {m['weight_bytes'] / 1e6:.0f} MB, "
-              f"read once in {m['weight_read_ms']} ms at {report['memory_gbps']} GB/s, 16 rows' GEMMs "
+              f"read once in {m['weight_read_ms']} ms at {bandwidth(m)} GB/s, 16 rows' GEMMs "
               f"{m['compute_16_rows_ms']} ms at the decode GEMM rate; decode 16x1 {m['pass_ms']['16x1']} ms = "
               f"{m['decode_16x1_over_bound']}x the weight read, {m['decode_16x1_over_max_bound']}x the larger "
               f"bound, {m['decode_16x1_over_weights_and_kv']}x the weights' and KV's read "
               f"({m['kv_read_16x1_ms']} ms of KV); decode 1x1 {m['pass_ms']['1x1']} ms; prefill {m['prefill_gflops']} GFLOP/s = "
-              f"{m['prefill_of_gemm_rate']:.0%} of the {m['dtype']} GEMM rate", file=sys.stderr)
+              f"{m['prefill_of_gemm_rate']:.0%} of the {m['dtype']} GEMM rate "
+              f"({gemm_rate(m)} GFLOP/s, measured before and after the passes)", file=sys.stderr)
     return 0
+
+
+def bandwidth(m: dict) -> str:
+    return f"{max(m['limits_before']['memory_gbps'], m['limits_after']['memory_gbps'])}"
+
+
+def gemm_rate(m: dict) -> str:
+    before, after = m["limits_before"]["gemm_prefill_gflops"], m["limits_after"]["gemm_prefill_gflops"]
+    return f"{max(before, after)} of {before} / {after}"
 
 
 if __name__ == "__main__":
