@@ -12,7 +12,8 @@ layers of distinct KV buffers, so a step streams its keys and values from memory
 passes do. Prints the best of several steps, the KV bytes a step reads, and the time to read
 them once at the bandwidth of a 1 GiB sum measured in the same run. `--against` builds another
 version of the source (an older commit's: `git show REV:kernels/cpu_attention.c > old.c`) and
-times it interleaved with this one. A benchmark: run it alone.
+times it interleaved with this one, and says whether the two wrote the same outputs bit for bit
+(the last column: "same", or the largest difference). A benchmark: run it alone.
 """
 
 from __future__ import annotations
@@ -83,16 +84,16 @@ def main(argv: list[str] | None = None) -> None:
           f"P.V with bf16 probabilities: {', '.join(f'{n} {lib.p_bf16}' for n, lib in libs.items())}")
     names = list(libs)
     print("| step | KV read | " + " | ".join(f"{n} (ms)" for n in names) + " | KV at the bandwidth (ms) |"
-          + (" against / this |" if len(names) > 1 else ""))
-    print("|---|---|" + "---|" * len(names) + "---|" + ("---|" if len(names) > 1 else ""))
+          + (" against / this | outputs |" if len(names) > 1 else ""))
+    print("|---|---|" + "---|" * len(names) + "---|" + ("---|---|" if len(names) > 1 else ""))
     gen = torch.Generator().manual_seed(0)
     for seqs, rows, past in shapes:
         q, k, v, out, table, buffers = step(seqs, rows, past, args.layers, gen, dtype)
         nbytes = seqs * (past + rows) * args.layers * KV_HEADS * DIM * 2 * dtype.itemsize
 
-        def run(lib):
+        def run(lib, into=out):
             for layer in range(args.layers):
-                lib.attend(q, k, v, out, table, args.layers, layer, DIM ** -0.5, kv_dtype=dtype,
+                lib.attend(q, k, v, into, table, args.layers, layer, DIM ** -0.5, kv_dtype=dtype,
                            check=layer == 0)
 
         times = {n: float("inf") for n in names}
@@ -100,7 +101,14 @@ def main(argv: list[str] | None = None) -> None:
             for n in names:
                 times[n] = min(times[n], best_ms(lambda: run(libs[n]), repeats=5))
         cells = " | ".join(f"{times[n]:.2f}" for n in names)
-        ratio = f" {times['against'] / times['this']:.2f}x |" if len(names) > 1 else ""
+        ratio = ""
+        if len(names) > 1:
+            outs = {n: torch.full_like(out, float("nan")) for n in names}
+            for n in names:
+                run(libs[n], outs[n])
+            diff = (outs["against"] - outs["this"]).abs().max().item()
+            same = "same" if torch.equal(outs["against"], outs["this"]) else f"differ (max {diff:.3g})"
+            ratio = f" {times['against'] / times['this']:.2f}x | {same} |"
         print(f"| {seqs}x{rows}@{past} | {nbytes / 1e6:.0f} MB | {cells} | {nbytes / (gbps * 1e9) * 1000:.2f} |{ratio}")
         del buffers
 
