@@ -31,8 +31,8 @@
 The machine's limits drift: on the AMX host the bf16 GEMM at the prefill shape ran at 2,178
 GFLOP/s at the start of a run and at ~910 a few minutes later (docs/benchmarks.md). So each
 model's passes are set against the GEMM rate and bandwidth measured just before and just after
-them (`limits_before`, `limits_after`), the larger of each pair taken as the bound: a multiple of
-the run-start figures alone could be off by 2x either way.
+them (`limits_before`, `limits_after`), the larger of each pair taken as the bound (`limits`): a
+multiple of the run-start figures alone could be off by 2x either way.
 
 A benchmark: run it alone (a test run beside it on 2 cores halves every figure).
 """
@@ -253,7 +253,7 @@ def model_figures(dtype: str, profiled: bool = False, packed: bool = True,
             "packed_linears": engine.packed_linears, "linear": engine.linear,
             "parameters": params, "weight_bytes": nbytes,
             "weight_read_ms": round(bound_ms, 2), "compute_16_rows_ms": round(compute_ms, 2),
-            "limits_before": before, "limits_after": after, "pass_ms": passes,
+            "limits_before": before, "limits_after": after, "limits": near, "pass_ms": passes,
             "decode_16x1_over_bound": round(passes["16x1"] / bound_ms, 2),
             "decode_16x1_over_max_bound": round(passes["16x1"] / max(bound_ms, compute_ms), 2),
             "kv_read_16x1_ms": round(kv_ms, 2),
@@ -293,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m structspec.bench.bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="the default model's dtypes to time")
-    p.add_argument("--profile", action="store_true", help="also profile a 16-sequence decode pass and a prefill chunk by part and operator")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile a 16-sequence decode pass and a prefill chunk by part and operator")
     p.add_argument("--out", type=Path, default=Path("bench-out/bound.json"))
     args = p.parse_args(argv)
     report = measure(tuple(args.dtypes.split(",")), args.threads, args.profile)
@@ -305,23 +306,16 @@ def main(argv: list[str] | None = None) -> int:
               f"{m['layer_loop']} layer loop, "
               f"{m['packed_linears']} linear "
               f"layers prepacked, {m['linear']} linear): weights {m['weight_bytes'] / 1e6:.0f} MB, "
-              f"read once in {m['weight_read_ms']} ms at {bandwidth(m)} GB/s, 16 rows' GEMMs "
+              f"read once in {m['weight_read_ms']} ms at {m['limits']['memory_gbps']} GB/s, 16 rows' GEMMs "
               f"{m['compute_16_rows_ms']} ms at the decode GEMM rate; decode 16x1 {m['pass_ms']['16x1']} ms = "
               f"{m['decode_16x1_over_bound']}x the weight read, {m['decode_16x1_over_max_bound']}x the larger "
               f"bound, {m['decode_16x1_over_weights_and_kv']}x the weights' and KV's read "
               f"({m['kv_read_16x1_ms']} ms of KV); decode 1x1 {m['pass_ms']['1x1']} ms; prefill {m['prefill_gflops']} GFLOP/s = "
               f"{m['prefill_of_gemm_rate']:.0%} of the {m['dtype']} GEMM rate "
-              f"({gemm_rate(m)} GFLOP/s, measured before and after the passes)", file=sys.stderr)
+              f"({m['limits']['gemm_prefill_gflops']} of {m['limits_before']['gemm_prefill_gflops']} / "
+              f"{m['limits_after']['gemm_prefill_gflops']} GFLOP/s, measured before and after the passes)",
+              file=sys.stderr)
     return 0
-
-
-def bandwidth(m: dict) -> str:
-    return f"{max(m['limits_before']['memory_gbps'], m['limits_after']['memory_gbps'])}"
-
-
-def gemm_rate(m: dict) -> str:
-    before, after = m["limits_before"]["gemm_prefill_gflops"], m["limits_after"]["gemm_prefill_gflops"]
-    return f"{max(before, after)} of {before} / {after}"
 
 
 if __name__ == "__main__":
