@@ -427,8 +427,11 @@ def test_a_batch_webhook_reaches_its_url_from_the_workers_reaper_signed(stack):
         assert headers["structspec-signature"] == f"sha256={expected}"
         event = json.loads(body)
         assert event["delivery"] == batch_id and event["batch"]["status"] == "succeeded"
-        hook = stack.client.get(f"/v1/batches/{batch_id}").json()["webhook"]
-        assert hook["delivered_at"] is not None and hook["attempts"] == 1
+        # the receiver records the POST before it answers, and the worker stores the delivery
+        # after the answer: wait for that store rather than read the row in between
+        hook = poll(lambda: (h := stack.client.get(f"/v1/batches/{batch_id}").json()["webhook"])["delivered_at"]
+                    and h, timeout=JOB_TIMEOUT, what="the delivery stored", worker=stack.worker)
+        assert hook["attempts"] == 1 and len(receiver.posts) == 1
     finally:
         receiver.close()
 
