@@ -108,7 +108,7 @@ class AutoPicker:
         c = self.selector.choose(views, rng)
         opts = RequestOptions(strategy=c.strategy, draft_len=c.draft_len, max_tokens=max_tokens)
         # a Thompson draw of the curve, as the worker passes it (structspec/services/strategy.py)
-        acc = self.selector.acceptance(views, c.strategy, c.draft_len, rng) if c.strategy != "none" else None
+        acc = self.selector.draft_acceptance(views, c.strategy, c.draft_len, rng) if c.strategy != "none" else None
         return Plan(opts, acc)
 
     def warm_up(self, engine: Engine, rows: list[dict], max_tokens: int) -> list[str]:

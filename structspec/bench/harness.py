@@ -151,7 +151,7 @@ class StructspecSystem:
             choice = self.selector.choose(views, self.rng)
             strategy, k = choice.strategy, choice.draft_len
             if strategy != "none":
-                acceptance = self.selector.acceptance(views, strategy, k, self.rng)
+                acceptance = self.selector.draft_acceptance(views, strategy, k, self.rng)
         options = RequestOptions(strategy=strategy, draft_len=k, max_tokens=self.max_tokens, verbatim=self.verbatim)
         return Request(row["schema"], row["text"], options, acceptance=acceptance)
 

@@ -56,14 +56,15 @@ def concrete_options(session: Session, settings: Settings, schema_id: uuid.UUID,
 
 def acceptance_curve(session: Session, settings: Settings, schema_id: uuid.UUID, strategy: str, n: int,
                      verbatim: bool = False, job_id: uuid.UUID | None = None) -> list[float]:
-    """c_0..c_{n-1}, the conditional acceptance of `strategy` for jobs of `schema_id` in the
-    job's mode (verbatim or not), from the schema's statistics whether or not a pin chose the
-    strategy (the engine trims each step's draft by it): a Thompson draw seeded by
+    """c'_0..c'_{n-1}, the conditional acceptance of a drafted token of `strategy` for jobs of
+    `schema_id` in the job's mode (verbatim or not; Selector.draft_acceptance), from the schema's
+    statistics whether or not a pin chose the strategy (the engine trims each step's draft by
+    it): a Thompson draw seeded by
     (stats_seed, job_id, "acceptance"), or the posterior mean with job_id None. With no data:
     the prior at every position."""
     views = mode_views(StatsRepository(session).views(schema_id, settings.stats_half_life), verbatim)
     rng = random.Random(f"{settings.stats_seed}:{job_id}:acceptance") if job_id is not None else None
-    return Selector(selector_config(settings)).acceptance(views, strategy, n, rng)
+    return Selector(selector_config(settings)).draft_acceptance(views, strategy, n, rng)
 
 
 class InFlight:

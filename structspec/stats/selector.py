@@ -24,8 +24,10 @@ Model, per schema and proposer strategy s:
          pseudo-passes that make the line grow with n.
 Pick argmax_{s,k} E / t with c_i sampled from its posterior (Thompson) or at its mean (the
 point estimate shown by the stats endpoint). `none` is the arm (none, 0): E = 1.
-For an `auto` job the chosen strategy's c_0..c_{k-1} (`Selector.acceptance`: a Thompson draw
-seeded by the job) go to the engine, which picks each step's k by them and the batch's pass cost.
+For an `auto` job the chosen strategy's c'_0..c'_{k-1} (`Selector.draft_acceptance`: c_i
+conditioned on a token being drafted at i, a Thompson draw seeded by the job) go to the engine,
+which picks each step's k by them and the batch's pass cost: it prices the draft tokens a
+proposer made, so a pass with no draft must not count against them.
 """
 
 from __future__ import annotations
@@ -105,19 +107,32 @@ def _weighted_line(points: Sequence[tuple[float, float, float]]) -> tuple[float,
     return my - b * mx, b
 
 
-def position_counts(arms: Iterable[ArmView], strategy: str, n: int) -> list[tuple[float, float]]:
-    """(successes, trials) of c_i for i < n, pooled over the strategy's arms with K > i."""
+def position_counts(arms: Iterable[ArmView], strategy: str, n: int,
+                    given_drafted: bool = False) -> list[tuple[float, float]]:
+    """(successes, trials) of c_i for i < n, pooled over the strategy's arms with K > i.
+
+    given_drafted: the trials of c'_i, the acceptance of a draft token that exists (what the
+    engine prices: it trims drafts the proposer made, and an empty position costs no row).
+    c_i's trials include passes whose draft ended before position i; c'_i's are the passes that
+    reached i *and* drafted a token there. That joint count is not stored, so it is bounded by
+    the smaller of the two counts (reached i; drafted past i, from the arm's drafted shares):
+    exact at position 0 (every pass with a draft reaches it), never below c_i elsewhere, and
+    c_i itself where drafts usually run on. An arm measured before drafted shares were has none:
+    its trials stay those of c_i."""
     succ, trials = [0.0] * n, [0.0] * n
     for a in arms:
         if a.strategy != strategy:
             continue
         acc, reached = a.accepted_by_position, a.reached_by_position
+        drafted = a.drafted_by_position if given_drafted else []
         for i in range(min(n, a.draft_len)):
             s = acc[i] if i < len(acc) else 0.0
             if reached is not None:
                 t = reached[i] if i < len(reached) else 0.0
             else:  # an arm measured before reached was: every pass offered the full K
                 t = a.passes if i == 0 else (acc[i - 1] if i - 1 < len(acc) else 0.0)
+            if drafted:  # shares of (decayed) passes; past the list nothing was drafted
+                t = min(t, (drafted[i] if i < len(drafted) else 0.0) * a.passes)
             succ[i] += min(s, t)
             trials[i] += t
     return list(zip(succ, trials))
@@ -209,19 +224,31 @@ class Selector:
 
     def acceptance(self, arms: Sequence[ArmView], strategy: str, n: int,
                    rng: random.Random | None = None) -> list[float]:
-        """c_0..c_{n-1} of `strategy`: the curve the engine trims each step's draft by. At the
-        posterior means (what `scores` uses without an rng), or one Thompson draw with `rng`:
-        a job then sometimes drafts where the means say it does not pay, so positions the
-        engine would otherwise always trim keep being measured."""
-        return [rng.betavariate(a, b) if rng is not None else mean for a, b, mean in self._posteriors(arms, strategy, n)]
+        """c_0..c_{n-1} of `strategy`, an empty draft position counted as a rejection (what
+        tokens per pass needs: `scores`). At the posterior means without an rng, or one
+        Thompson draw with `rng`."""
+        return self._draw(self._posteriors(arms, strategy, n), rng)
 
-    def _posteriors(self, arms: Sequence[ArmView], strategy: str, n: int) -> list[tuple[float, float, float]]:
-        """(alpha, beta, mean) of c_i's Beta posterior for i < n; each prior is centred on the
-        mean before it."""
+    def draft_acceptance(self, arms: Sequence[ArmView], strategy: str, n: int,
+                         rng: random.Random | None = None) -> list[float]:
+        """c'_0..c'_{n-1} of `strategy`: the acceptance of a draft token that exists, the curve
+        the engine trims each step's draft by (position_counts(given_drafted=True)). A job's
+        curve is one Thompson draw (`rng`): it then sometimes drafts where the means say it
+        does not pay, so positions the engine would otherwise always trim keep being measured."""
+        return self._draw(self._posteriors(arms, strategy, n, given_drafted=True), rng)
+
+    @staticmethod
+    def _draw(posteriors: list[tuple[float, float, float]], rng: random.Random | None) -> list[float]:
+        return [rng.betavariate(a, b) if rng is not None else mean for a, b, mean in posteriors]
+
+    def _posteriors(self, arms: Sequence[ArmView], strategy: str, n: int,
+                    given_drafted: bool = False) -> list[tuple[float, float, float]]:
+        """(alpha, beta, mean) of c_i's (or c'_i's) Beta posterior for i < n; each prior is
+        centred on the mean before it."""
         cfg = self.cfg
         strength = cfg.prior_alpha + cfg.prior_beta
         out, mean = [], cfg.prior_alpha / strength
-        for succ, trials in position_counts(arms, strategy, n):
+        for succ, trials in position_counts(arms, strategy, n, given_drafted):
             alpha = mean * strength + succ
             beta = (1 - mean) * strength + max(trials - succ, 0.0)
             mean = alpha / (alpha + beta)  # the next position's prior centre

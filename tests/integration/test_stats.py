@@ -139,7 +139,8 @@ def test_acceptance_curve_is_the_selector_mean_over_the_mode_pinned_or_not(clien
         curve = acceptance_curve(session, settings, sid, "ngram", 4)
         views = StatsRepository(session).views(sid, settings.stats_half_life)
     free = [v for v in views if v.strategy == "ngram"]
-    assert curve == Selector().acceptance(free, "ngram", 4)
+    assert curve == Selector().draft_acceptance(free, "ngram", 4)
+    assert curve == Selector().acceptance(free, "ngram", 4)  # every pass that reached a position drafted it
     assert curve[0] == pytest.approx((1 + 8) / (2 + 10))  # Beta(1, 1) prior
     assert curve[1] == pytest.approx((curve[0] * 2 + 3) / (2 + 4))  # trials: reached, not accepted at 0
     r = client.put(f"/v1/schemas/{schema_id}/strategy", json={"strategy": "schema", "draft_len": 4})

@@ -379,6 +379,50 @@ def test_position_counts_take_trials_from_reached_and_cap_successes_by_them():
     assert position_counts([capped], "ngram", 2) == [(7, 10), (2, 2)]
 
 
+def test_given_drafted_trials_are_bounded_by_the_passes_that_drafted_each_position():
+    arm = ArmAggregate("composite", 4)
+    # 10 passes offered all 4 positions; 5 drafted nothing, 3 drafted 2 tokens, 2 drafted 1
+    arm.add({"output_tokens": 16, "target_passes": 10, "proposed": 8, "accepted": 6, "decode_s": 1.0,
+             "accepted_by_position": [4, 2, 0, 0], "proposed_by_position": [5, 3, 0, 0],
+             "reached_by_position": [10, 4, 2, 0]}, 0, 0)
+    view = arm.decayed(1, 0)
+    assert position_counts([view], "composite", 4) == [(4, 10), (2, 4), (0, 2), (0, 0)]
+    # position 0: every pass with a draft reached it; 1: 3 drafted there (<= 4 reached); 2: none
+    assert position_counts([view], "composite", 4, given_drafted=True) == [(4, 5), (2, 3), (0, 0), (0, 0)]
+    old = dataclasses.replace(view, drafted_by_position=[])  # measured before drafted shares were
+    assert position_counts([old], "composite", 4, given_drafted=True) == position_counts([old], "composite", 4)
+
+
+def test_the_engine_gets_the_acceptance_of_drafts_that_exist_not_of_empty_positions():
+    """A proposer that drafts nothing in half the passes and whose drafted tokens are accepted
+    at 0.8: tokens per pass see c_0 near 0.4, but a draft the engine holds is accepted at 0.8,
+    which is what its trimming must price (an empty position costs no row)."""
+    stats, rng, k = InMemoryStats(0), random.Random(5), 4
+    for _ in range(60):
+        acc_pos, prop_pos, reached, passes, tokens, accepted = [0] * k, [0] * k, [0] * k, 0, 0, 0
+        while tokens < OUTPUT_TOKENS:
+            passes += 1
+            drafted = 0 if rng.random() < 0.5 else rng.randint(1, k)
+            n = 0
+            while n < drafted and rng.random() < 0.8:
+                n += 1
+            for i in range(k):  # as RequestStats.record_step with every position offered
+                reached[i] += i <= n
+                prop_pos[i] += i < drafted
+                acc_pos[i] += i < n
+            accepted += n
+            tokens += n + 1
+        stats.record({"strategy": "composite", "draft_len": k, "output_tokens": tokens, "target_passes": passes,
+                      "proposed": sum(prop_pos), "accepted": accepted, "decode_s": passes * 0.05,
+                      "accepted_by_position": acc_pos, "proposed_by_position": prop_pos, "reached_by_position": reached})
+    views, sel = stats.views(), Selector()
+    plain, drafted = sel.acceptance(views, "composite", k), sel.draft_acceptance(views, "composite", k)
+    assert plain[0] == pytest.approx(0.4, abs=0.03)
+    assert drafted[0] == pytest.approx(0.8, abs=0.03)  # exact at position 0
+    assert all(d >= p for d, p in zip(drafted, plain))  # a bound elsewhere, never below c_i
+    assert drafted[1] > plain[1]  # fewer passes drafted position 1 than reached it: the bound bites
+
+
 def test_scheduler_shortened_drafts_are_not_counted_as_rejections():
     """Half the passes are offered 2 of k=8 positions: reached keeps c_2.. at the true 0.9;
     the old derivation would see c_2 near 0.45."""
