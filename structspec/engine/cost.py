@@ -8,9 +8,12 @@ so as to maximise the batch's expected output tokens per second over the rows th
 
     (sum_b E_b(k_b)) / cost(base_rows + sum_b k_b),   E_b(k) = 1 + sum_{i<k} prod_{j<=i} c_b[j]
 
-c_b is the sequence's per-position conditional acceptance (its schema's statistics for its
-strategy; a position the proposer left empty counted as a rejection there, so the estimate is
-cautious for proposers that often draft nothing). The marginal gain of a sequence's (i+1)-th
+c_b is the sequence's per-position acceptance of a token its proposer did draft, given the
+ones before it were accepted (its schema's statistics for its strategy,
+Selector.draft_acceptance): a pass whose proposer drafted nothing at a position is no trial
+there, since that position costs no row. (Counting it as a rejection, as tokens per pass must,
+priced a proposer that often drafts nothing at half its acceptance, and the batch trimmed drafts
+that paid.) The marginal gain of a sequence's (i+1)-th
 draft token, prod_{j<=i} c_b[j], never grows with i, so the best plan with m draft tokens in
 all takes the m largest gains across the batch; the step tries every m, so a cost curve that
 is not linear is followed as measured (docs/benchmarks.md shows the curves learnt on a CPU). With one sequence this is the per-schema choice (argmax_k E(k) / cost(1 + k)).
@@ -40,8 +43,12 @@ class PassCostCurve:
     (docs/benchmarks.md, part (e)); the curve for the batch at hand is used. Within it,
     cost is read linearly between measured buckets, as measured: on a CPU a pass of a few
     rows can cost more than one of more rows (matrix kernels pick their method by shape), so
-    no monotonic shape is imposed. Past the last measured bucket it grows by the prior's
-    slope. Only decode passes are recorded: prefill chunks cost differently per row.
+    no monotonic shape is imposed. Past the last measured bucket it grows by the curve's own
+    slope (`beyond_slope`), not the prior's: the prior's 10 ms a row is ~15x what a row adds to
+    a 32-sequence pass on a 2-core CPU (and more on a GPU), and priced every draft past the
+    measured rows out, so a batch drafted far less than it paid to. The prior serves a
+    sequence count with nothing measured. Only decode passes are recorded: prefill chunks
+    cost differently per row.
 
     A bucket is corrected only when the engine runs a pass of that size, so a plan that an
     overestimate rules out would never be measured again; `choose_draft_lens(explore=True)`
@@ -70,7 +77,7 @@ class PassCostCurve:
             return lambda rows: self.prior_fixed_s + self.prior_row_s * rows
         xs = [x for x, _ in curve]
         ys = [y for _, y in curve]
-        slope = self.prior_row_s
+        slope = beyond_slope(xs, ys)
 
         def cost(rows: float) -> float:
             if rows <= xs[0]:
@@ -103,6 +110,18 @@ class PassCostCurve:
         return nested[min(nested, key=lambda b: (abs(math.log(b / seqs)), b))]
 
 
+def beyond_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Seconds a row past a measured curve's last point (xs rows, ys seconds, by rows): the
+    secant from its first point to its last, kept between a quarter and all of the last point's
+    seconds per row (a pass is a fixed part plus its rows, so a row adds at most the average;
+    the floor keeps two noisy points from making rows free). One point: its average."""
+    avg = ys[-1] / xs[-1]
+    if len(xs) < 2:
+        return avg
+    secant = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
+    return min(max(secant, 0.25 * avg), avg)
+
+
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
     """E(k) = 1 + sum_{i<k} prod_{j<=i} c[j]; positions past the curve repeat its last value."""
     total, run = 1.0, 1.0
@@ -125,11 +144,17 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
     decoding sequence; default len(caps)). explore: verify the best plan's draft tokens plus
     the next ones by gain up to the next rows bucket, so that bucket's cost gets measured
     (draft lengths never change what is emitted, only how fast). prefill_rows: the prefill
-    chunks' rows among base_rows, counted as work done like emitted tokens (each is a row some
-    document needs): a plan maximises (prefill rows + expected tokens) per second of the pass, so
-    in a step that is mostly prefill a draft row must be nearly sure to be accepted to pay for
-    itself, as it costs what a prefill row costs."""
+    chunks' rows among base_rows. They are left out of the plan: the drafts are planned as for
+    a pass of the decode rows alone. A draft row beside a prefill chunk costs about what it adds
+    to a decode pass (the weights are read for the step either way, and the row's arithmetic is
+    the same), and an accepted token is worth what a decode pass spends per token, since it
+    saves that sequence a row of a later decode pass. Pricing the plan over the whole pass
+    instead makes a draft row look free beside 512 prefill rows (low-acceptance drafts were
+    verified), and counting prefill rows as work done, like tokens, asks a draft to be nearly
+    sure, which trimmed drafts that pay: on a Zen 4 host 3 of 3 interleaved runs of 32
+    DeepJSONEval documents were 1-3% faster planned as decode (docs/benchmarks.md)."""
     ks = [cap if acc is None else 0 for cap, acc in zip(caps, acceptance)]
+    base_rows -= prefill_rows
     rows = base_rows + sum(ks)
     gains: list[tuple[float, int]] = []  # (marginal expected tokens, sequence)
     for b, (cap, acc) in enumerate(zip(caps, acceptance)):
@@ -143,7 +168,6 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
             gains.append((run, b))
     gains.sort(key=lambda g: -g[0])
     expected = float(len(caps) if base_tokens is None else base_tokens)  # one token per decoding sequence
-    expected += prefill_rows
     price = cost.at(int(base_tokens if base_tokens is not None else len(caps)))
     best_m, best_rate, total = 0, expected / price(rows), expected
     for m, (gain, _) in enumerate(gains, start=1):

@@ -18,6 +18,7 @@ def test_the_curve_is_kept_per_batch_size_and_read_at_the_nearest_measured_one()
     curve = PassCostCurve()
     curve.observe(1, 0.10, seqs=1)
     curve.observe(8, 0.20, seqs=1)
+    curve.observe(16, 0.24, seqs=1)
     curve.observe(16, 0.30, seqs=16)
     curve.observe(32, 0.55, seqs=16)
     assert curve(4.5, seqs=1) == pytest.approx(0.15)  # linear between measured rows
@@ -34,7 +35,8 @@ def test_the_curve_follows_measurements_that_are_not_monotonic():
         curve.observe(rows, s)
     assert curve(3) == pytest.approx(0.100) and curve(5) == pytest.approx(0.087)
     assert curve(4) == pytest.approx(0.0935)  # linear between measured rows
-    assert curve(19) == pytest.approx(0.160)  # past the last (17 rows sit in bucket 16): the prior's slope
+    # past the last (17 rows sit in bucket 16): the curve's own slope, the secant from its first point
+    assert curve(19) == pytest.approx(0.130 + 3 * (0.130 - 0.055) / 15)
     # acceptance 0.4: k = 1 or 2 (the slow 2-3 row passes) does not pay, k = 4 (5 rows) does
     assert choose_draft_lens([2], [[0.4] * 16], 1, curve) == [0]
     assert choose_draft_lens([16], [[0.4] * 16], 1, curve) == [4]
@@ -61,6 +63,30 @@ def test_exploring_tries_the_next_bucket_so_an_overestimate_gets_corrected():
     ks = choose_draft_lens([16], acc, 1, big, explore=True)
     assert ks[0] + 1 > 9 and big.bucket(ks[0] + 1) > big.bucket(9)
     assert choose_draft_lens([4], [[0.0] * 4], 1, big, explore=True) == [0]  # nothing to gain: no draft
+
+
+def test_past_the_measured_rows_a_pass_grows_by_the_curves_own_slope_not_the_priors():
+    """The curve a 32-sequence batch learnt on a 2-core CPU (rows 32-54, ~0.7 ms a row) with the
+    prior's 10 ms a row: drafts of 30 sequences that reach 90 rows pay by the measured slope,
+    so the plan keeps them all (the prior's slope past 54 rows had trimmed them to ~22)."""
+    curve = PassCostCurve(prior_fixed_s=0.05, prior_row_s=0.01)
+    for rows, ms in ((32, 98.5), (38, 101.1), (45, 104.3), (54, 114.7)):
+        curve.observe(rows, ms / 1000, seqs=32)
+    slope = (0.1147 - 0.0985) / (54 - 32)
+    assert curve(90, seqs=30) == pytest.approx(0.1147 + 36 * slope)
+    assert choose_draft_lens([2] * 30, [[0.7, 0.7]] * 30, 30, curve, base_tokens=30) == [2] * 30
+    # the slope is held between a quarter and all of the last point's seconds per row
+    flat = PassCostCurve()
+    flat.observe(8, 0.100)
+    flat.observe(64, 0.100)  # two points, no growth measured: rows are not free past them
+    assert flat(128) == pytest.approx(0.100 + 64 * 0.25 * 0.100 / 64)
+    steep = PassCostCurve()
+    steep.observe(1, 0.001)
+    steep.observe(8, 0.100)  # a secant above the average per row (a noisy first point)
+    assert steep(16) == pytest.approx(0.100 + 8 * 0.100 / 8)
+    one = PassCostCurve(prior_row_s=1.0)
+    one.observe(8, 0.08)  # one point: its average per row
+    assert one(16) == pytest.approx(0.08 + 8 * 0.01)
 
 
 def test_new_observations_move_a_bucket_by_the_moving_average():
@@ -115,13 +141,15 @@ def test_the_batch_plan_is_the_best_of_every_allocation():
     assert rate(ks) == pytest.approx(best)
 
 
-def test_a_step_that_is_mostly_prefill_drafts_only_what_is_nearly_sure():
-    """Prefill rows are work done, like emitted tokens: beside a 512-row chunk a draft row costs
-    what a prefill row costs, so 0.8-acceptance drafts that pay in a decode-only step do not pay
-    there; a forced token (acceptance 1.0) still does."""
-    curve = PassCostCurve(prior_fixed_s=0.05, prior_row_s=0.01)
-    acc = [[0.8] * 8] * 4
-    assert all(k >= 2 for k in choose_draft_lens([8] * 4, acc, 4, curve))  # decode only: drafts pay
-    assert choose_draft_lens([8] * 4, acc, 4 + 512, curve, prefill_rows=512) == [0] * 4
-    sure = [[1.0] * 8] * 4
-    assert choose_draft_lens([8] * 4, sure, 4 + 512, curve, prefill_rows=512) == [8] * 4
+def test_beside_a_prefill_chunk_drafts_are_planned_as_for_the_decode_rows_alone():
+    """A draft row beside a 512-row chunk costs what it adds to a decode pass and its token saves
+    a later decode row: the plan is the decode-only step's, neither everything (a row is not
+    1/516 of the pass) nor only what is nearly sure (a prefill row is not worth a token)."""
+    curve = PassCostCurve()
+    for rows, s in ((4, 0.040), (8, 0.046), (16, 0.060), (32, 0.090)):
+        curve.observe(rows, s, seqs=4)
+    for acc in ([[0.8] * 8] * 4, [[0.3] * 8] * 4, [[0.95, 0.5, 0.2, 0.1] + [0.1] * 4] * 4):
+        decode = choose_draft_lens([8] * 4, acc, 4, curve)
+        assert choose_draft_lens([8] * 4, acc, 4 + 512, curve, prefill_rows=512) == decode, acc
+    assert sum(choose_draft_lens([8] * 4, [[0.8] * 8] * 4, 4 + 512, curve, prefill_rows=512)) > 4
+    assert choose_draft_lens([8] * 4, [[0.05] * 8] * 4, 4 + 512, curve, prefill_rows=512) == [0] * 4
