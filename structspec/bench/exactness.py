@@ -8,6 +8,7 @@ a small epsilon (a near-tie): `compare` says which of the three cases an output 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -21,14 +22,25 @@ def first_divergence(reference: list[int], got: list[int]) -> int | None:
 
 @dataclass(frozen=True)
 class Divergence:
-    """Where `got` first differs from the reference: output index, and the reference's top-2
-    masked logit gap there (None when the reference has no margin for that row: it ended by EOS)."""
+    """Where `got` first differs from the reference: output index, the reference's top-2
+    masked logit gap there (None when the reference has no margin for that row: it ended by EOS)
+    and its top masked logit (a bf16 rounding of a logit is relative to its size)."""
 
     index: int
     gap: float | None
+    top: float | None = None
 
     def near_tie(self, eps: float) -> bool:
         return self.gap is not None and self.gap < eps
+
+
+def bf16_steps(gap: float, top: float) -> float:
+    """`gap` in units of bf16's spacing at the size of `top` (2^(e-7) for |top| in [2^e, 2^(e+1))):
+    one rounding of a bf16 logit that size moves it by up to half a unit, so a gap of a unit or
+    two is a tie the dtype cannot separate, whatever the logit's scale."""
+    if top == 0 or not math.isfinite(top) or not math.isfinite(gap):
+        return math.inf if gap else 0.0
+    return gap / 2.0 ** (math.floor(math.log2(abs(top))) - 7)
 
 
 def compare(reference, got) -> Divergence | None:
@@ -38,7 +50,8 @@ def compare(reference, got) -> Divergence | None:
     if j is None:
         return None
     gap = reference.margins[j] if reference.margins is not None and j < len(reference.margins) else None
-    return Divergence(j, gap)
+    top = reference.tops[j] if reference.tops is not None and j < len(reference.tops) else None
+    return Divergence(j, gap, top)
 
 
 def bounded(node, max_items: int = 2):

@@ -519,7 +519,7 @@ def exactness_stage(tok, configs: dict[str, dict], device: str, small: bool) -> 
                 if d is None:
                     identical += 1
                 else:
-                    gaps.append({"index": d.index, "gap": d.gap})
+                    gaps.append({"index": d.index, "gap": d.gap, "top": d.top})
             results.append({"config": name, "dtype": dname, "documents": len(docs), "identical": identical,
                             "diverged": gaps, "accepted_draft_tokens": accepted,
                             "finished": sum(r.status == "succeeded" for r in refs)})
@@ -734,6 +734,21 @@ def check(device: str, out: Path, tokenizer: Path, gguf: Path | None, small: boo
 
 # --- report -------------------------------------------------------------------------------
 
+def largest_gap(diverged: list[dict]) -> dict[str, Any]:
+    """The exactness row's largest top-2 gap at a divergence, the reference's top logit there
+    and the gap in bf16 steps of that logit's size (reports from before the top was recorded
+    have none: those cells stay empty)."""
+    from structspec.bench.exactness import bf16_steps
+
+    known = [d for d in diverged if d.get("gap") is not None]
+    if not known:
+        return {"largest gap at a divergence": None, "its top logit": None, "in bf16 steps": None}
+    d = max(known, key=lambda d: d["gap"])
+    top = d.get("top")
+    return {"largest gap at a divergence": d["gap"], "its top logit": top,
+            "in bf16 steps": None if top is None else round(bf16_steps(d["gap"], top), 2)}
+
+
 def _table(rows: list[dict], cols: list[str]) -> list[str]:
     def cell(v):
         return "" if v is None else (f"{v:g}" if isinstance(v, float) else str(v))
@@ -760,11 +775,10 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
         elif name == "kernel-bench":
             lines += [s["markdown"], ""]
         elif name == "exactness":
-            rows = [{**r, "diverged": len(r["diverged"]),
-                     "largest gap at a divergence": max((d["gap"] for d in r["diverged"] if d["gap"] is not None),
-                                                        default=None)} for r in s["runs"]]
+            rows = [{**r, "diverged": len(r["diverged"]), **largest_gap(r["diverged"])} for r in s["runs"]]
             lines += _table(rows, ["config", "dtype", "documents", "identical", "diverged",
-                                   "largest gap at a divergence", "accepted_draft_tokens"]) + [""]
+                                   "largest gap at a divergence", "its top logit", "in bf16 steps",
+                                   "accepted_draft_tokens"]) + [""]
         elif name == "pass-cost":
             lines += [f"{s['model']}, {s['dtype']}, {s['attention']} attention", ""]
             lines += _table(s["rows"], ["context", "sequences", "k", "rows", "ms", "vs_plain"]) + [""]

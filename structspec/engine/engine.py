@@ -346,7 +346,7 @@ class Engine:
         for seq, n in prefill:
             sched.prefilled(seq, n)
         for b, seq in enumerate(decoding):
-            gaps = margins(logits, bitmask, packed.cu_list[b] + b, len(emitted[b])) if seq.margins is not None else None
+            traced = margins(logits, bitmask, packed.cu_list[b] + b, len(emitted[b])) if seq.margins is not None else None
             before, before_bytes = len(seq.out), len(seq.out_bytes)
             try:
                 commit(seq, emitted[b], self.loaded.eos_token_ids, self.token_text.bytes_of, len(decoding))
@@ -354,8 +354,10 @@ class Engine:
             except Exception as e:
                 done.append(self._fail(seq, e))
                 continue
-            if gaps is not None:
+            if traced is not None:
+                gaps, tops = traced
                 seq.margins += gaps[:len(seq.out) - before]
+                seq.tops += tops[:len(seq.out) - before]
             if probs is not None:
                 seq.probs += probs[b][:len(seq.out) - before]
             if seq.request.on_output is not None and len(seq.out_bytes) > before_bytes:
@@ -462,7 +464,7 @@ class Engine:
         reason = (f"grammar limit reached ({setting}; raise it for this schema): {error}" if setting
                   else f"internal error: {type(error).__name__}: {error}")
         return ExtractResult("error", None, self.token_text.text_of(seq.out), list(seq.out), seq.stats,
-                             reason[:2000], seq.id, seq.margins)
+                             reason[:2000], seq.id, seq.margins, tops=seq.tops)
 
     def _finish(self, seq: Sequence, reason: str | None) -> ExtractResult:
         """Retire `seq` (reason overrides its stop reason, e.g. "cancelled") and build its result."""
@@ -471,7 +473,8 @@ class Engine:
         seq.stats.output_tokens = len(seq.out)
         seq.stats.finish(stop, time.perf_counter() - seq.submitted_at)
         text = self.token_text.text_of(seq.out)
-        base = dict(text=text, tokens=list(seq.out), stats=seq.stats, request_id=seq.id, margins=seq.margins)
+        base = dict(text=text, tokens=list(seq.out), stats=seq.stats, request_id=seq.id, margins=seq.margins,
+                    tops=seq.tops)
         if stop == "cancelled":
             return ExtractResult("cancelled", None, error="cancelled", **base)
         if stop not in ("grammar", "eos"):

@@ -25,8 +25,9 @@ class Request:
     options: RequestOptions
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     proposer: Proposer | None = None  # overrides the strategy's proposer (tests inject adversarial ones)
-    # Per-position conditional acceptance of the chosen strategy for this schema (`auto`): the
-    # scheduler may then draft fewer than options.draft_len tokens when the batch is large.
+    # Per-position acceptance of a drafted token of the chosen strategy for this schema (`auto`;
+    # Selector.draft_acceptance): the engine then verifies fewer than options.draft_len tokens
+    # where more do not pay in the batch at hand (engine/cost.py).
     # None: draft options.draft_len every step (a fixed strategy).
     acceptance: Seq[float] | None = None
     trace: bool = False  # record each output token's top-2 masked logit gap (exactness tests)
@@ -123,6 +124,7 @@ class ExtractResult:
     error: str | None = None
     request_id: str = ""
     margins: list[float] | None = None  # with Request.trace: top-2 masked logit gap per output token
+    tops: list[float] | None = None  # with Request.trace: the top masked logit per output token
     # a succeeded result's grounding (engine/grounding.py), keyed by JSON Pointer: each string's
     # [start, end) in the document or None; each leaf's {min, mean} token probability
     spans: dict[str, list[int] | None] | None = None
@@ -162,6 +164,7 @@ class Sequence:
         self.out: list[int] = []
         self.out_bytes = bytearray()
         self.margins: list[float] | None = [] if request.trace else None
+        self.tops: list[float] | None = [] if request.trace else None
         self.probs: list[float] = []  # masked probability of each output token (grounding.py)
         self.loop_guard = LoopGuard(loop_repeats, loop_counting) if loop_repeats else None  # engine/loopguard.py
         self.stop_reason: str | None = None

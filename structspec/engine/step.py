@@ -192,11 +192,13 @@ def masked_rows(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor 
     return x.masked_fill(~unpack_bitmask(words, x.shape[1]), float("-inf"))
 
 
-def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int, count: int) -> list[float]:
-    """Top-2 masked logit gap of `count` rows (inf where one token is allowed)."""
+def margins(logits: torch.Tensor, bitmask: torch.Tensor, first_row: int,
+            count: int) -> tuple[list[float], list[float]]:
+    """Top-2 masked logit gap of `count` rows (inf where one token is allowed), and each row's
+    top masked logit (a gap is judged against the rounding of a logit that size)."""
     x = masked_rows(logits, bitmask, slice(first_row, first_row + count))
     top = x.topk(2, dim=-1).values
-    return (top[:, 0] - top[:, 1]).tolist()
+    return (top[:, 0] - top[:, 1]).tolist(), top[:, 0].tolist()
 
 
 def emitted_probs(logits: torch.Tensor, bitmask: torch.Tensor, packed: Packed,
