@@ -365,13 +365,18 @@ def test_reached_derived_from_old_stats_gives_the_old_trials_at_every_step():
         stats.record((simulate_cut_job if i % 2 else simulate_job)(STRUCTURE_HEAVY, choice, rng))
 
 
+def one_job_view(strategy: str, k: int, passes: int, accepted: list[int], proposed: list[int], reached: list[int]):
+    """The selector's view of an arm that has recorded one job with these per-position counts."""
+    arm = ArmAggregate(strategy, k)
+    arm.add({"output_tokens": passes + sum(accepted), "target_passes": passes, "proposed": sum(proposed),
+             "accepted": sum(accepted), "decode_s": 1.0, "accepted_by_position": accepted,
+             "proposed_by_position": proposed, "reached_by_position": reached}, 0, 0)
+    return arm.decayed(1, 0)
+
+
 def test_position_counts_take_trials_from_reached_and_cap_successes_by_them():
-    arm = ArmAggregate("ngram", 4)
     # 10 passes: 6 offered all 4 positions, 4 offered only 1; acceptance as the lists say
-    arm.add({"output_tokens": 20, "target_passes": 10, "proposed": 28, "accepted": 12, "decode_s": 1.0,
-             "accepted_by_position": [7, 3, 2, 0], "proposed_by_position": [10, 6, 6, 6],
-             "reached_by_position": [10, 4, 3, 2]}, 0, 0)
-    view = arm.decayed(1, 0)
+    view = one_job_view("ngram", 4, 10, accepted=[7, 3, 2, 0], proposed=[10, 6, 6, 6], reached=[10, 4, 3, 2])
     assert position_counts([view], "ngram", 5) == [(7, 10), (3, 4), (2, 3), (0, 2), (0, 0)]
     # the same passes judged the old way: position 1's 3 unoffered passes count as rejections
     assert legacy_position_counts([view], "ngram", 4)[1] == (3, 7)
@@ -380,12 +385,8 @@ def test_position_counts_take_trials_from_reached_and_cap_successes_by_them():
 
 
 def test_given_drafted_trials_are_bounded_by_the_passes_that_drafted_each_position():
-    arm = ArmAggregate("composite", 4)
     # 10 passes offered all 4 positions; 5 drafted nothing, 3 drafted 2 tokens, 2 drafted 1
-    arm.add({"output_tokens": 16, "target_passes": 10, "proposed": 8, "accepted": 6, "decode_s": 1.0,
-             "accepted_by_position": [4, 2, 0, 0], "proposed_by_position": [5, 3, 0, 0],
-             "reached_by_position": [10, 4, 2, 0]}, 0, 0)
-    view = arm.decayed(1, 0)
+    view = one_job_view("composite", 4, 10, accepted=[4, 2, 0, 0], proposed=[5, 3, 0, 0], reached=[10, 4, 2, 0])
     assert position_counts([view], "composite", 4) == [(4, 10), (2, 4), (0, 2), (0, 0)]
     # position 0: every pass with a draft reached it; 1: 3 drafted there (<= 4 reached); 2: none
     assert position_counts([view], "composite", 4, given_drafted=True) == [(4, 5), (2, 3), (0, 0), (0, 0)]
