@@ -12,8 +12,8 @@ c_b is the sequence's per-position acceptance of a token its proposer did draft,
 ones before it were accepted (its schema's statistics for its strategy,
 Selector.draft_acceptance): a pass whose proposer drafted nothing at a position is no trial
 there, since that position costs no row. (Counting it as a rejection, as tokens per pass must,
-priced a proposer that often drafts nothing at half its acceptance, and the batch trimmed drafts
-that paid.) The marginal gain of a sequence's (i+1)-th
+prices a proposer that often drafts nothing below its real acceptance, and trims drafts that
+pay; docs/benchmarks.md has the measurement.) The marginal gain of a sequence's (i+1)-th
 draft token, prod_{j<=i} c_b[j], never grows with i, so the best plan with m draft tokens in
 all takes the m largest gains across the batch; the step tries every m, so a cost curve that
 is not linear is followed as measured (docs/benchmarks.md shows the curves learnt on a CPU). With one sequence this is the per-schema choice (argmax_k E(k) / cost(1 + k)).
@@ -44,10 +44,10 @@ class PassCostCurve:
     cost is read linearly between measured buckets, as measured: on a CPU a pass of a few
     rows can cost more than one of more rows (matrix kernels pick their method by shape), so
     no monotonic shape is imposed. Past the last measured bucket it grows by the curve's own
-    slope (`beyond_slope`), not the prior's: the prior's 10 ms a row is ~15x what a row adds to
-    a 32-sequence pass on a 2-core CPU (and more on a GPU), and priced every draft past the
-    measured rows out, so a batch drafted far less than it paid to. The prior serves a
-    sequence count with nothing measured. Only decode passes are recorded: prefill chunks
+    slope (`beyond_slope`), not the prior's: the prior's fixed 10 ms a row is far above what a
+    row adds to a large batch's pass on a CPU or a GPU, and priced every draft past the
+    measured rows out, so a batch drafted far less than it paid to (docs/benchmarks.md). The
+    prior serves a sequence count with nothing measured. Only decode passes are recorded: prefill chunks
     cost differently per row.
 
     A bucket is corrected only when the engine runs a pass of that size, so a plan that an
@@ -151,8 +151,7 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
     saves that sequence a row of a later decode pass. Pricing the plan over the whole pass
     instead makes a draft row look free beside 512 prefill rows (low-acceptance drafts were
     verified), and counting prefill rows as work done, like tokens, asks a draft to be nearly
-    sure, which trimmed drafts that pay: on a Zen 4 host 3 of 3 interleaved runs of 32
-    DeepJSONEval documents were 1-3% faster planned as decode (docs/benchmarks.md)."""
+    sure, which trimmed drafts that pay (docs/benchmarks.md compares the two)."""
     ks = [cap if acc is None else 0 for cap, acc in zip(caps, acceptance)]
     base_rows -= prefill_rows
     rows = base_rows + sum(ks)
