@@ -271,21 +271,32 @@ static inline void qk_queries(const uint32_t qt[D / 2][16], const uint16_t *k, i
     for (int m = 0; m < nq; m++) _mm512_storeu_si512(s + m * ps, r[m]);
 }
 
-/* the same for nq <= 8 queries given by their rows: the 16 keys' pairs in lanes instead */
-static inline void qk_keys(const uint16_t *const *qrow, int nq, const uint16_t *k, float *s, int64_t ps) {
+/* the same for nq <= 8 queries given by their rows: the 16 keys' pairs in lanes instead. nq is
+ * a literal at each call (qk_keys_for), so the query loop unrolls into registers with no test
+ * a step: with nq a variable a decode step's attention was measurably slower (docs/benchmarks.md,
+ * which also gives two things tried and dropped: two runs of 16 keys a call, to interleave their
+ * chains, and the transposed keys kept in registers instead of stored). */
+static inline __attribute__((always_inline)) void qk_keys(const uint16_t *const *qrow, const int nq, const uint16_t *k,
+                                                          float *s, int64_t ps) {
     uint32_t kt[D / 2][16] __attribute__((aligned(64)));
     const uint16_t *krow[16];
     for (int kk = 0; kk < 16; kk++) krow[kk] = k + kk * D;
     pairs_transposed(krow, 16, kt);
     __m512 acc[8];
-    for (int m = 0; m < 8; m++) acc[m] = _mm512_setzero_ps();
+    for (int m = 0; m < nq; m++) acc[m] = _mm512_setzero_ps();
     for (int p = 0; p < D / 2; p++) {
         __m512bh kv = (__m512bh)_mm512_load_si512(kt[p]);
-        for (int m = 0; m < 8; m++)
-            if (m < nq)
-                acc[m] = _mm512_dpbf16_ps(acc[m], kv, (__m512bh)_mm512_set1_epi32(((const int *)qrow[m])[p]));
+        for (int m = 0; m < nq; m++)
+            acc[m] = _mm512_dpbf16_ps(acc[m], kv, (__m512bh)_mm512_set1_epi32(((const int *)qrow[m])[p]));
     }
     for (int m = 0; m < nq; m++) _mm512_storeu_ps(s + m * ps, acc[m]);
+}
+
+/* qk_keys with nq (1 to 8) as a literal */
+static void qk_keys_for(const uint16_t *const *qrow, int nq, const uint16_t *k, float *s, int64_t ps) {
+#define QK_KEYS(q) case q: qk_keys(qrow, q, k, s, ps); break;
+    switch (nq) { QK_KEYS(1) QK_KEYS(2) QK_KEYS(3) QK_KEYS(4) QK_KEYS(5) QK_KEYS(6) QK_KEYS(7) QK_KEYS(8) }
+#undef QK_KEYS
 }
 #endif
 
@@ -679,7 +690,7 @@ static inline __attribute__((always_inline)) void attend_item(
                 if (nqt > 8)
                     qk_queries(qt, kb, nqt, s + b, padded);
                 else
-                    qk_keys(qrow, nqt, kb, s + b, padded);
+                    qk_keys_for(qrow, nqt, kb, s + b, padded);
             }
             for (int m = 0; m < nqt; m++) /* the block's rest: zeros, as below */
                 memset(s + m * padded + done, 0, sizeof(float) * (padded - done));
