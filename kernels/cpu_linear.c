@@ -44,7 +44,7 @@
 #endif
 #define PARALLEL_MIN_BYTES 131072 /* below this much packed weight, one thread */
 
-int structspec_linear_version(void) { return 4; } /* 4: structspec_linear_f32_pruned */
+int structspec_linear_version(void) { return 5; } /* 5: structspec_linear_pruned (bf16) */
 
 /* which element types this build serves: 1 fp32, 2 bf16 (AVX512-BF16), or'ed */
 int structspec_linear_types(void) {
@@ -78,6 +78,22 @@ int structspec_linear_types(void) {
         }                                                                                            \
         r0 += take;                                                                                  \
     }
+
+/* Pruned logits (structspec_linear_pruned, structspec_linear_f32_pruned): the rows marked dense
+ * first, then the others, in *rows_of (m of them; *dense_rows: how many are dense), and the dense
+ * rows of x (row stride ldx elements of `size` bytes) copied one after another (k each), which
+ * the caller frees with the order. */
+static void *dense_rows_first(const void *x, int64_t ldx, int64_t m, int64_t k, size_t size, const uint8_t *dense,
+                              int64_t **rows_of, int64_t *dense_rows) {
+    int64_t *order = malloc(sizeof(int64_t) * (m > 0 ? m : 1));
+    int64_t nd = 0, ns = m - 1;
+    for (int64_t r = 0; r < m; r++) order[dense[r] ? nd++ : ns--] = r;
+    char *xd = malloc(size * (nd > 0 ? nd : 1) * k);
+    for (int64_t i = 0; i < nd; i++) memcpy(xd + i * k * size, (const char *)x + order[i] * ldx * size, size * k);
+    *rows_of = order;
+    *dense_rows = nd;
+    return xd;
+}
 
 #ifdef __AVX512BF16__ /* bf16: pairs of inputs */
 
@@ -142,6 +158,48 @@ void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
         TILES(m, ROWS, CASES7, BF16_TILE)
 #undef BF16_TILE
     }
+}
+
+/* Pruned logits in bf16: structspec_linear's y [m, n] where asked for, -inf elsewhere, as
+ * structspec_linear_f32_pruned below gives them in fp32: `wanted` marks groups of 16 columns (the
+ * bitmask's), and a group of this loop's GROUP columns is computed for every row when any of its
+ * 16-column groups is wanted, for the dense rows only otherwise. A computed column is the same
+ * tile's chain as structspec_linear's, so the same bits. */
+void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p,
+                              const float *bias, uint16_t *y, int64_t ldy, int64_t n, const uint8_t *dense,
+                              const uint8_t *wanted, int threads) {
+    const int64_t pairs = k / 2, groups = (n + GROUP - 1) / GROUP, narrow = (n + 15) / 16;
+    int64_t *rows_of, nd;
+    const uint16_t *xd = dense_rows_first(x, ldx, m, k, sizeof(uint16_t), dense, &rows_of, &nd);
+    const int parallel = threads > 1 && groups > 1 && groups * pairs * GROUP * 4 >= PARALLEL_MIN_BYTES;
+#pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (parallel)
+    for (int64_t g = 0; g < groups; g++) {
+        const uint32_t *pg = p + g * pairs * GROUP;
+        const float *bg = bias ? bias + g * GROUP : 0;
+        const int64_t cols = n - g * GROUP < GROUP ? n - g * GROUP : GROUP;
+        uint16_t *yg = y + g * GROUP;
+        int want = 0;
+        for (int64_t w = g * BLOCKS; w < (g + 1) * BLOCKS && w < narrow; w++) want |= wanted[w];
+        if (want) {
+#define ALL_ROWS(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, yg + r0 * ldy, ldy, cols, rows)
+            TILES(m, ROWS, CASES7, ALL_ROWS)
+#undef ALL_ROWS
+            continue;
+        }
+        uint16_t strip[ROWS * GROUP];
+#define DENSE_ROWS(rows)                                                                             \
+    do {                                                                                             \
+        tile(xd + r0 * k, k, pg, pairs, bg, strip, GROUP, cols, rows);                                \
+        for (int r = 0; r < (rows); r++)                                                             \
+            memcpy(yg + rows_of[r0 + r] * ldy, strip + r * GROUP, sizeof(uint16_t) * cols);          \
+    } while (0)
+        TILES(nd, ROWS, CASES7, DENSE_ROWS)
+#undef DENSE_ROWS
+        for (int64_t i = nd; i < m; i++)
+            for (int64_t c = 0; c < cols; c++) yg[rows_of[i] * ldy + c] = 0xff80; /* bf16 -inf */
+    }
+    free((void *)xd);
+    free(rows_of);
 }
 #endif /* __AVX512BF16__ */
 
@@ -328,11 +386,8 @@ void structspec_linear_f32_pruned(const float *x, int64_t ldx, int64_t m, int64_
                                   const float *bias, float *y, int64_t ldy, int64_t n, const uint8_t *dense,
                                   const uint8_t *wanted, int threads) {
     const int64_t groups = (n + F32_GROUP - 1) / F32_GROUP;
-    int64_t *rows_of = malloc(sizeof(int64_t) * (m > 0 ? m : 1)); /* the dense rows, then the others */
-    int64_t nd = 0, ns = m - 1;
-    for (int64_t r = 0; r < m; r++) rows_of[dense[r] ? nd++ : ns--] = r;
-    float *xd = malloc(sizeof(float) * (nd > 0 ? nd : 1) * k); /* the dense rows of x, contiguous */
-    for (int64_t i = 0; i < nd; i++) memcpy(xd + i * k, x + rows_of[i] * ldx, sizeof(float) * k);
+    int64_t *rows_of, nd;
+    const float *xd = dense_rows_first(x, ldx, m, k, sizeof(float), dense, &rows_of, &nd);
     const int parallel = threads > 1 && groups > 1 && groups * k * F32_GROUP * 4 >= PARALLEL_MIN_BYTES;
 #pragma omp parallel for schedule(dynamic, 16) num_threads(threads) if (parallel)
     for (int64_t g = 0; g < groups; g++) {
@@ -358,6 +413,6 @@ void structspec_linear_f32_pruned(const float *x, int64_t ldx, int64_t m, int64_
         for (int64_t i = nd; i < m; i++)
             for (int64_t c = 0; c < cols; c++) yg[rows_of[i] * ldy + c] = -INFINITY;
     }
-    free(xd);
+    free((void *)xd);
     free(rows_of);
 }

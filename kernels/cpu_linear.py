@@ -11,9 +11,10 @@ against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md)
 * ``pack(weight, bias)``: the packed copy of a bf16 [n, k] weight (k even) or an fp32 one, and its bias;
 * ``linear(x, packed)``: x [..., k] in the weight's dtype by it, [..., n] in that dtype;
 * ``dtypes``: the weight dtypes this CPU's build serves;
-* ``linear_pruned(x, packed, dense, wanted)``: fp32 only: ``linear``'s result where asked for and
-  -inf elsewhere: every column of the rows marked ``dense``, only the ``GROUP_COLUMNS``-column
-  groups marked ``wanted`` of the others (the logits a grammar allows, engine/packed.py).
+* ``linear_pruned(x, packed, dense, wanted)``: ``linear``'s result where asked for and -inf
+  elsewhere: every column of the rows marked ``dense``, only the ``GROUP_COLUMNS``-column groups
+  marked ``wanted`` of the others (the logits a grammar allows, engine/packed.py). The bf16 loop
+  computes whole groups of its own (``BF16_GROUP_COLUMNS``), so a bf16 row may get more than was asked for.
 
 Each output is one fp32 chain over k in order, whatever the row count: a row's result does not
 depend on the rows beside it. The order is not oneDNN's, so results differ from F.linear's in
@@ -32,14 +33,17 @@ import torch
 
 from kernels import native
 
-__all__ = ["GROUP_COLUMNS", "NativeLinear", "PackedWeight", "load"]
+__all__ = ["BF16_GROUP_COLUMNS", "GROUP_COLUMNS", "NativeLinear", "PackedWeight", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FLAGS: tuple[str, ...] = ()
 # each element type's (packed size, pack, linear) functions in the library
-SYMBOLS = {"f32": ("structspec_linear_f32_packed_floats", "structspec_linear_f32_pack", "structspec_linear_f32"),
-           "bf16": ("structspec_linear_packed_words", "structspec_linear_pack", "structspec_linear")}
+SYMBOLS = {"f32": ("structspec_linear_f32_packed_floats", "structspec_linear_f32_pack", "structspec_linear_f32",
+                   "structspec_linear_f32_pruned"),
+           "bf16": ("structspec_linear_packed_words", "structspec_linear_pack", "structspec_linear",
+                    "structspec_linear_pruned")}
 GROUP_COLUMNS = 16  # output columns an fp32 group packs together (cpu_linear.c: F32_GROUP)
+BF16_GROUP_COLUMNS = 48  # output columns a bf16 group packs together (cpu_linear.c: GROUP)
 
 
 @dataclass(frozen=True)
@@ -63,21 +67,20 @@ class NativeLinear:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = native.open_library(path, SOURCE, "structspec_linear_version", 4)
+        lib = native.open_library(path, SOURCE, "structspec_linear_version", 5)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.structspec_linear_types.restype = ctypes.c_int
         served = {torch.float32: "f32"} | ({torch.bfloat16: "bf16"} if lib.structspec_linear_types() & 2 else {})
         self.dtypes = frozenset(served)
-        self._size, self._pack, self._run = {}, {}, {}
+        self._size, self._pack, self._run, self._pruned = {}, {}, {}, {}
         for dtype, name in served.items():  # the bf16 symbols exist only in an AVX512-BF16 build
-            size, pack, run = (getattr(lib, symbol) for symbol in SYMBOLS[name])
+            size, pack, run, pruned = (getattr(lib, symbol) for symbol in SYMBOLS[name])
             size.argtypes, size.restype = [i64, i64], i64
             pack.argtypes, pack.restype = [ptr, i64, i64, i64, ptr], None
             run.argtypes, run.restype = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ctypes.c_int], None
-            self._size[dtype], self._pack[dtype], self._run[dtype] = size, pack, run
-        self._pruned = lib.structspec_linear_f32_pruned
-        self._pruned.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_int]
-        self._pruned.restype = None
+            pruned.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, ctypes.c_int]
+            pruned.restype = None
+            self._size[dtype], self._pack[dtype], self._run[dtype], self._pruned[dtype] = size, pack, run, pruned
         self._lib = lib
 
     def __deepcopy__(self, memo):  # a copied layer shares the process's library
@@ -134,16 +137,16 @@ class NativeLinear:
 
     def linear_pruned(self, x: torch.Tensor, packed: PackedWeight, dense: torch.Tensor, wanted: torch.Tensor,
                       threads: int | None = None) -> torch.Tensor:
-        """`linear(x, packed)` [m, n] where asked for, -inf elsewhere, for an fp32 weight and x [m, k]:
-        row r gets every column where dense[r] (bool [m]), the others only the GROUP_COLUMNS-column
-        groups g with wanted[g] (bool [ceil(n / GROUP_COLUMNS)]). The columns computed are
+        """`linear(x, packed)` [m, n] where asked for, -inf elsewhere, for x [m, k] in the weight's
+        dtype: row r gets every column where dense[r] (bool [m]), the others at least the
+        GROUP_COLUMNS-column groups g with wanted[g] (bool [ceil(n / GROUP_COLUMNS)]; fp32 exactly
+        those, bf16 the whole BF16_GROUP_COLUMNS-column groups of its loop that hold them). The columns computed are
         `linear`'s bit for bit (the same chain over k)."""
-        k, n = packed.in_features, packed.out_features
+        k, n, dtype = packed.in_features, packed.out_features, packed.dtype
         groups = -(-n // GROUP_COLUMNS)
-        if packed.dtype != torch.float32:
-            raise ValueError(f"the pruned linear serves fp32 weights, not {packed.dtype}")
-        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != k:
-            raise ValueError(f"x must be float32 [m, {k}] on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
+        name = str(dtype).removeprefix("torch.")
+        if x.dtype != dtype or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != k:
+            raise ValueError(f"x must be {name} [m, {k}] on the CPU, got {x.dtype} {tuple(x.shape)} on {x.device}")
         m = x.shape[0]
         if tuple(dense.shape) != (m,) or dense.dtype != torch.bool:
             raise ValueError(f"dense must be bool [{m}], got {dense.dtype} {tuple(dense.shape)}")
@@ -152,11 +155,11 @@ class NativeLinear:
                              f"got {wanted.dtype} {tuple(wanted.shape)}")
         rows = _unit_rows(x, k)
         dense, wanted = dense.contiguous(), wanted.contiguous()
-        out = torch.empty(m, n, dtype=torch.float32)
+        out = torch.empty(m, n, dtype=dtype)
         if m:
-            self._pruned(rows.data_ptr(), rows.stride(0), m, k, packed.words.data_ptr(),
-                         None if packed.bias is None else packed.bias.data_ptr(), out.data_ptr(), n, n,
-                         dense.data_ptr(), wanted.data_ptr(), threads or torch.get_num_threads())
+            self._pruned[dtype](rows.data_ptr(), rows.stride(0), m, k, packed.words.data_ptr(),
+                                None if packed.bias is None else packed.bias.data_ptr(), out.data_ptr(), n, n,
+                                dense.data_ptr(), wanted.data_ptr(), threads or torch.get_num_threads())
         return out
 
 

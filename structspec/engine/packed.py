@@ -18,9 +18,10 @@ fp32 sum, as fp32 oneDNN's do. AMX CPUs keep oneDNN (its AMX kernels; not measur
 loop yet), and so does fp32 on CPUs with bf16 units (run only where asked for).
 
 Pruned logits (`PackedLinear.forward_allowed`): a decoding row's grammar often allows a few
-tokens (a key, punctuation, digits); where the native kernel runs an fp32 lm_head, such a row
-gets only the logits of the 16-token groups its grammar (and those of the step's other such rows)
-allows, the rest -inf, which every consumer masks anyway. The logits computed are the full
+tokens (a key, punctuation, digits); where the native kernel runs the lm_head (fp32 or bf16),
+such a row gets only the logits of the 16-token groups its grammar (and those of the step's other
+such rows) allows (bf16: of the kernel's 48-token groups holding them), the rest -inf, which every
+consumer masks anyway. The logits computed are the full
 GEMM's bit for bit, so the tokens chosen do not change; a pass does the arithmetic of fewer rows.
 
 The original weights stay where they are (the embedding may share one, and code reads their
@@ -97,10 +98,10 @@ class PackedLinear(nn.Module):
     def forward_allowed(self, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """forward(x) [R, n] where `allowed` (int32 [R, words]: bit t % 32 of word t // 32 set
         when token t may follow, kernels/bitmask.py) allows, bit for bit; elsewhere the same or
-        -inf (module docstring: pruned logits). Where the native kernel does not run this layer
-        in fp32: forward(x)."""
+        -inf (module docstring: pruned logits). Where the native kernel does not run this layer:
+        forward(x)."""
         packed = self.native_packed()
-        if packed is None or packed.dtype != torch.float32 or x.dtype != torch.float32 or x.dim() != 2:
+        if packed is None or x.dtype != packed.dtype or x.dim() != 2:
             return self.forward(x)
         if allowed.dim() != 2 or allowed.shape[0] != x.shape[0] or allowed.dtype != torch.int32:
             raise ValueError(f"allowed must be int32 [{x.shape[0]}, words], got {allowed.dtype} {tuple(allowed.shape)}")

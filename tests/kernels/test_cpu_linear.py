@@ -138,30 +138,38 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(lib):
             lib.entry_point()
 
 
+PRUNED_DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)]
+
+
 @needs_kernel
+@pytest.mark.parametrize("dtype", PRUNED_DTYPES)
 @pytest.mark.parametrize("m, k, n", [(1, 576, 960), (7, 64, 1003), (20, 40, 77), (32, 96, 4096)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_pruned_outputs_are_the_full_products_bits_where_asked_and_minus_inf_elsewhere(m, k, n, with_bias, lib):
+def test_pruned_outputs_are_the_full_products_bits_where_asked_and_minus_inf_elsewhere(m, k, n, with_bias, dtype, lib):
     """linear_pruned: the rows marked dense get every column, the others the wanted 16-column
-    groups (a last group cut short by n included); each of those is linear's value bit for bit
-    (the same chain over k, whether its group took every row or only the dense ones, in tiles of
-    any size, on 1 or 2 threads); every other output is -inf."""
-    from kernels.cpu_linear import GROUP_COLUMNS
+    groups (a last group cut short by n included), and in bf16 the rest of the kernel's 48-column
+    groups holding them; each of those is linear's value bit for bit (the same chain over k,
+    whether its group took every row or only the dense ones, in tiles of any size, on 1 or 2
+    threads); every other output is -inf."""
+    from kernels.cpu_linear import BF16_GROUP_COLUMNS, GROUP_COLUMNS
 
-    w, x = rand(n, k, seed=11, scale=0.05, dtype=torch.float32), rand(m, k, seed=12, dtype=torch.float32)
+    w, x = rand(n, k, seed=11, scale=0.05, dtype=dtype), rand(m, k, seed=12, dtype=dtype)
     packed = lib.pack(w, rand(n, seed=13, dtype=torch.float32) if with_bias else None)
     full = lib.linear(x, packed)
     groups = -(-n // GROUP_COLUMNS)
+    per = 1 if dtype == torch.float32 else BF16_GROUP_COLUMNS // GROUP_COLUMNS  # wanted groups a computed group
     gen = torch.Generator().manual_seed(m + n)
     cases = [(torch.rand(m, generator=gen) < 0.4, torch.rand(groups, generator=gen) < 0.3),
              (torch.ones(m, dtype=torch.bool), torch.zeros(groups, dtype=torch.bool)),
              (torch.zeros(m, dtype=torch.bool), torch.zeros(groups, dtype=torch.bool)),
              (torch.zeros(m, dtype=torch.bool), torch.arange(groups) == groups - 1)]
     for dense, wanted in cases:
-        asked = dense.unsqueeze(1) | wanted.repeat_interleave(GROUP_COLUMNS)[:n].unsqueeze(0)
+        padded = torch.cat([wanted, wanted.new_zeros(-groups % per)]).view(-1, per).any(1)  # whole computed groups
+        asked = dense.unsqueeze(1) | padded.repeat_interleave(per * GROUP_COLUMNS)[:n].unsqueeze(0)
+        assert bool(asked[~dense][:, wanted.repeat_interleave(GROUP_COLUMNS)[:n]].all())  # covers what was asked
         for threads in (1, 2):
             got = lib.linear_pruned(x, packed, dense, wanted, threads=threads)
-            assert got.shape == (m, n)
+            assert got.shape == (m, n) and got.dtype == dtype
             assert torch.equal(got[asked], full[asked]), (dense, wanted, threads)
             assert bool(torch.isneginf(got[~asked]).all())
 
@@ -178,16 +186,17 @@ def test_pruned_bad_arguments_are_refused_saying_what_is_wrong(lib):
     with pytest.raises(ValueError, match=r"x must be float32 \[m, 8\]"):
         lib.linear_pruned(rand(2, 3, 8, seed=2, dtype=torch.float32), packed, dense, wanted)
     if HAS_DPBF16:
-        with pytest.raises(ValueError, match="serves fp32 weights"):
+        with pytest.raises(ValueError, match=r"x must be bfloat16 \[m, 8\]"):
             lib.linear_pruned(x, lib.pack(rand(40, 8, seed=1)), dense, wanted)
 
 
 @needs_kernel
-def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib):
-    """PackedLinear.forward_allowed on the native fp32 kernel: a row allowing a few tokens gets
-    those (and the rest of their groups and of the other pruned rows' groups) exactly as forward
-    gives them and -inf for tokens no pruned row allows; a row allowing most of the vocabulary
-    is computed whole; a layer on oneDNN (or in bf16) ignores the mask."""
+@pytest.mark.parametrize("dtype", PRUNED_DTYPES)
+def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib, dtype):
+    """PackedLinear.forward_allowed on the native kernel (fp32 and bf16): a row allowing a few
+    tokens gets those (and the rest of their groups and of the other pruned rows' groups) exactly
+    as forward gives them and -inf for tokens no pruned row allows; a row allowing most of the
+    vocabulary is computed whole; a layer on oneDNN ignores the mask."""
     from torch import nn
 
     from structspec.engine.packed import PackedLinear
@@ -195,9 +204,9 @@ def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib):
     vocab, k = 2000, 64  # 125 groups: a row of at most 15 groups is pruned
     head = nn.Linear(k, vocab, bias=False)
     with torch.no_grad():
-        head.weight.copy_(rand(vocab, k, seed=21, scale=0.1, dtype=torch.float32))
+        head.to(dtype).weight.copy_(rand(vocab, k, seed=21, scale=0.1, dtype=dtype))
     layer = PackedLinear(head, lib)
-    x = rand(4, k, seed=22, dtype=torch.float32)
+    x = rand(4, k, seed=22, dtype=dtype)
     rows = [[5, 31, 32, 1999], list(range(0, vocab, 3)), [700], [13, 14, 15]]
     wanted = torch.zeros(len(rows), vocab, dtype=torch.bool)
     for r, tokens in enumerate(rows):
@@ -217,11 +226,12 @@ def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", PRUNED_DTYPES)
 def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_normal_loaded, monkeypatch, tmp_path,
-                                                                          lib):
-    """engine_pruned_logits (the default) against off, on the native fp32 kernel (picked here
-    whatever the CPU's bf16 units): the same tokens for every request, while the pruned lm_head
-    really ran on most decoding steps."""
+                                                                          lib, dtype):
+    """engine_pruned_logits (the default) against off, on the native kernel in fp32 (picked here
+    whatever the CPU's bf16 units) and in bf16: the same tokens for every request, while the
+    pruned lm_head really ran on most decoding steps."""
     import structspec.engine.engine as engine_module
     from structspec.bench.exactness import bounded
     from structspec.engine.engine import Engine, Request
@@ -236,11 +246,12 @@ def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_
                         RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4, max_tokens=60,
                                        verbatim=True), trace=True)
                 for i, row in enumerate(deepjsoneval_rows(6))]
-    pruned = Engine(tiny_normal_loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    loaded = tiny_normal_loaded if dtype == torch.float32 else bf16_loaded(tiny_normal_loaded)
+    pruned = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
     assert pruned.linear == "native" and pruned.pruned_logits
     got = pruned.run(requests)
     steps = pruned.metrics.steps
-    dense = Engine(tiny_normal_loaded, engine_max_seqs=4, cache_dir=tmp_path, engine_pruned_logits=False)
+    dense = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path, engine_pruned_logits=False)
     n_calls = len(calls)
     want = dense.run(requests)
     assert len(calls) == n_calls  # off: never pruned
