@@ -112,9 +112,16 @@ void structspec_linear_pack(const uint16_t *w, int64_t ldw, int64_t n, int64_t k
             }
 }
 
+/* One tile: `rows` rows of x against a group's packed stream p. `next`: where this tile also
+ * brings a share of the next group's stream into L2, or NULL. A group of more rows than a tile
+ * holds runs several tiles, and those after the first read its weights from the core's cache:
+ * the memory would idle while they run. So each of a group's `tiles` tiles (tile t given next at
+ * pair t * pairs / tiles) requests the next group's pairs one every `tiles` steps, and the next
+ * group's read overlaps this group's arithmetic (docs/benchmarks.md measures it). */
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t ldx, const uint32_t *p,
                                                        int64_t pairs, const float *bias, uint16_t *y,
-                                                       int64_t ldy, int64_t cols, const int rows) {
+                                                       int64_t ldy, int64_t cols, const int rows,
+                                                       const uint32_t *next, const int64_t tiles) {
     __m512 acc[ROWS][BLOCKS];
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < BLOCKS; b++) acc[r][b] = _mm512_setzero_ps();
@@ -123,6 +130,7 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
         __m512bh w[BLOCKS];
         for (int b = 0; b < BLOCKS; b++) {
             _mm_prefetch((const char *)(pj + 16 * b) + AHEAD, _MM_HINT_T0);
+            if (next && j % tiles == 0) _mm_prefetch((const char *)(next + j / tiles * GROUP + 16 * b), _MM_HINT_T1);
             w[b] = (__m512bh)_mm512_loadu_si512(pj + 16 * b);
         }
         for (int r = 0; r < rows; r++) {
@@ -154,7 +162,9 @@ void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
         const uint32_t *pg = p + g * pairs * GROUP;
         const float *bg = bias ? bias + g * GROUP : 0;
         const int64_t cols = n - g * GROUP < GROUP ? n - g * GROUP : GROUP;
-#define BF16_TILE(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, y + r0 * ldy + g * GROUP, ldy, cols, rows)
+        const uint32_t *next = g + 1 < groups ? pg + pairs * GROUP : NULL;
+#define BF16_TILE(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, y + r0 * ldy + g * GROUP, ldy, cols, rows, \
+                             tiles > 1 && next ? next + t * pairs / tiles * GROUP : NULL, tiles)
         TILES(m, ROWS, CASES7, BF16_TILE)
 #undef BF16_TILE
     }
@@ -181,7 +191,7 @@ void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t
         int want = 0;
         for (int64_t w = g * BLOCKS; w < (g + 1) * BLOCKS && w < narrow; w++) want |= wanted[w];
         if (want) {
-#define ALL_ROWS(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, yg + r0 * ldy, ldy, cols, rows)
+#define ALL_ROWS(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, yg + r0 * ldy, ldy, cols, rows, NULL, 1)
             TILES(m, ROWS, CASES7, ALL_ROWS)
 #undef ALL_ROWS
             continue;
@@ -189,7 +199,7 @@ void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t
         uint16_t strip[ROWS * GROUP];
 #define DENSE_ROWS(rows)                                                                             \
     do {                                                                                             \
-        tile(xd + r0 * k, k, pg, pairs, bg, strip, GROUP, cols, rows);                                \
+        tile(xd + r0 * k, k, pg, pairs, bg, strip, GROUP, cols, rows, NULL, 1);                                \
         for (int r = 0; r < (rows); r++)                                                             \
             memcpy(yg + rows_of[r0 + r] * ldy, strip + r * GROUP, sizeof(uint16_t) * cols);          \
     } while (0)
