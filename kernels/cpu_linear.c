@@ -116,8 +116,10 @@ void structspec_linear_pack(const uint16_t *w, int64_t ldw, int64_t n, int64_t k
  * brings a share of the next group's stream into L2, or NULL. A group of more rows than a tile
  * holds runs several tiles, and those after the first read its weights from the core's cache:
  * the memory would idle while they run. So each of a group's `tiles` tiles (tile t given next at
- * pair t * pairs / tiles) requests the next group's pairs one every `tiles` steps, and the next
- * group's read overlaps this group's arithmetic (docs/benchmarks.md measures it). */
+ * pair t * pairs / tiles) requests the next group's pairs in order, one every `tiles` steps (a
+ * countdown, not a division a step), and the next group's read overlaps this group's arithmetic
+ * (docs/benchmarks.md measures it). The AVX2 fp32 loop does the same; the AVX-512 fp32 loop's
+ * many-row tiles, where it measured no gain, do not. */
 static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_t ldx, const uint32_t *p,
                                                        int64_t pairs, const float *bias, uint16_t *y,
                                                        int64_t ldy, int64_t cols, const int rows,
@@ -125,14 +127,17 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
     __m512 acc[ROWS][BLOCKS];
     for (int r = 0; r < rows; r++)
         for (int b = 0; b < BLOCKS; b++) acc[r][b] = _mm512_setzero_ps();
+    int64_t wait = 0; /* steps until the next step of `next` is requested */
     for (int64_t j = 0; j < pairs; j++) {
         const uint32_t *pj = p + j * GROUP;
         __m512bh w[BLOCKS];
+        const int fetch = next && wait-- == 0;
         for (int b = 0; b < BLOCKS; b++) {
             _mm_prefetch((const char *)(pj + 16 * b) + AHEAD, _MM_HINT_T0);
-            if (next && j % tiles == 0) _mm_prefetch((const char *)(next + j / tiles * GROUP + 16 * b), _MM_HINT_T1);
+            if (fetch) _mm_prefetch((const char *)(next + 16 * b), _MM_HINT_T1);
             w[b] = (__m512bh)_mm512_loadu_si512(pj + 16 * b);
         }
+        if (fetch) next += GROUP, wait = tiles - 1;
         for (int r = 0; r < rows; r++) {
             int32_t pair;
             memcpy(&pair, x + r * ldx + 2 * j, 4);
@@ -334,12 +339,18 @@ static inline __m256i lanes_below(int64_t left) { /* all-ones in the lanes < lef
 
 static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t ldx, const float *p, int64_t k,
                                                            const float *bias, float *y, int64_t ldy,
-                                                           int64_t cols, const int rows) {
+                                                           int64_t cols, const int rows, const float *next,
+                                                           const int64_t tiles) {
     __m256 acc[F32_AVX2_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int64_t wait = 0; /* as tile's in the bf16 loop */
     for (int64_t j = 0; j < k; j++) {
         const float *pj = p + j * F32_GROUP;
         _mm_prefetch((const char *)pj + AHEAD, _MM_HINT_T0);
+        if (next && wait-- == 0) {
+            _mm_prefetch((const char *)next, _MM_HINT_T1);
+            next += F32_GROUP, wait = tiles - 1;
+        }
         const __m256 w0 = _mm256_loadu_ps(pj), w1 = _mm256_loadu_ps(pj + 8);
         for (int r = 0; r < rows; r++) {
             const __m256 xb = _mm256_broadcast_ss(x + r * ldx + j);
@@ -366,7 +377,9 @@ void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, co
         const float *pg = p + g * k * F32_GROUP;
         const float *bg = bias ? bias + g * F32_GROUP : 0;
         const int64_t cols = n - g * F32_GROUP < F32_GROUP ? n - g * F32_GROUP : F32_GROUP;
-#define AVX2_TILE(rows) tile_f32(x + r0 * ldx, ldx, pg, k, bg, y + r0 * ldy + g * F32_GROUP, ldy, cols, rows)
+        const float *next = g + 1 < groups ? pg + k * F32_GROUP : NULL; /* as tile's in the bf16 loop */
+#define AVX2_TILE(rows) tile_f32(x + r0 * ldx, ldx, pg, k, bg, y + r0 * ldy + g * F32_GROUP, ldy, cols, rows, \
+                                 tiles > 1 && next ? next + t * k / tiles * F32_GROUP : NULL, tiles)
         TILES(m, F32_AVX2_ROWS, CASES7, AVX2_TILE)
 #undef AVX2_TILE
     }
@@ -383,7 +396,7 @@ void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, co
 #else
 #define GROUP_TILE_ROWS F32_AVX2_ROWS
 #define GROUP_TILE_CASES CASES7
-#define GROUP_TILE(xx, ldxx, yy, ldyy, rows) tile_f32(xx, ldxx, pg, k, bg, yy, ldyy, cols, rows)
+#define GROUP_TILE(xx, ldxx, yy, ldyy, rows) tile_f32(xx, ldxx, pg, k, bg, yy, ldyy, cols, rows, NULL, 1)
 #endif
 
 /* Pruned logits: structspec_linear_f32's y [m, n] where it is asked for, -inf elsewhere. A row
