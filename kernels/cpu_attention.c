@@ -308,6 +308,17 @@ static inline const char *rows_at(const char *own, const char *entry, int64_t sh
 }
 
 #if DPBF16
+/* Ask for the first PREFETCH_KEYS rows (of row_bytes) of an item's span [lo, lo + span) into L2,
+ * from wherever rows_at reads them. q.K requests its keys PREFETCH_KEYS ahead of itself, so
+ * without this an item's first keys arrive one demand miss at a time (the same for the values
+ * before P.V measured no gain: docs/benchmarks.md). */
+static inline void prefetch_first(const char *own, const char *entry, int64_t shared, int64_t lo, int64_t span,
+                                  int64_t row_bytes) {
+    const int64_t first = span < PREFETCH_KEYS ? span : PREFETCH_KEYS;
+    const char *at = rows_at(own, entry, shared, lo, first, row_bytes);
+    for (int64_t l = 0; l < first * row_bytes; l += 64) __builtin_prefetch(at + l, 0, 2);
+}
+
 /* While 16 bf16 keys from row `at` are read: ask for the keys PREFETCH_KEYS ahead (into L1) and for
  * the values of these keys (into L2, for P.V), from wherever rows_at reads them. */
 static inline void prefetch_bf16_run(const char *keys, const char *skeys, const char *values, const char *svalues,
@@ -614,6 +625,11 @@ static inline __attribute__((always_inline)) void attend_item(
     uint16_t *pb = (uint16_t *)(qs + pb_at); /* the probabilities in bf16 [nq][padded], for pv_bf16 */
 #endif
     const int direct = DPBF16 && kv_bf16 && in_bf16; /* q.K from bf16 queries and keys as they are */
+
+#if DPBF16 && !AMX
+    if (direct) /* the keys q.K reads first: its own requests run PREFETCH_KEYS ahead of it */
+        prefetch_first(keys, skeys, shared, lo, span, 2 * D);
+#endif
     if (!direct) /* else the queries are read as bf16 below, and qs is not used */
         for (int hl = 0; hl < group; hl++)
             for (int64_t i = 0; i < rows; i++)
