@@ -625,7 +625,6 @@ static inline __attribute__((always_inline)) void attend_item(
     uint16_t *pb = (uint16_t *)(qs + pb_at); /* the probabilities in bf16 [nq][padded], for pv_bf16 */
 #endif
     const int direct = DPBF16 && kv_bf16 && in_bf16; /* q.K from bf16 queries and keys as they are */
-
 #if DPBF16 && !AMX
     if (direct) /* the keys q.K reads first: its own requests run PREFETCH_KEYS ahead of it */
         prefetch_first(keys, skeys, shared, lo, span, 2 * D);

@@ -204,7 +204,7 @@ void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t
         uint16_t strip[ROWS * GROUP];
 #define DENSE_ROWS(rows)                                                                             \
     do {                                                                                             \
-        tile(xd + r0 * k, k, pg, pairs, bg, strip, GROUP, cols, rows, NULL, 1);                                \
+        tile(xd + r0 * k, k, pg, pairs, bg, strip, GROUP, cols, rows, NULL, 1);                      \
         for (int r = 0; r < (rows); r++)                                                             \
             memcpy(yg + rows_of[r0 + r] * ldy, strip + r * GROUP, sizeof(uint16_t) * cols);          \
     } while (0)
