@@ -93,6 +93,10 @@ typedef float vf __attribute__((vector_size(4 * VW)));
  * them, two rows a key pair, rather than a block's worth at once during q.K: on the AVX2-only Zen 3
  * host an fp32 decode step's attention took ~10% less time (docs/benchmarks.md) */
 #define PREFETCH_VALUES_F32 16
+/* q.K of up to this many of an item's queries (a tile's) puts the keys' pairs in lanes (qk_keys: a
+ * transpose of each 16 keys, then a chain per query), of more the queries' pairs (qk_queries: a
+ * chain per key, all 16 lanes busy); qk_keys_for's cases go this far */
+#define KEYS_IN_LANES 12
 #define NB 64    /* keys per block: a block's keys (or values) in fp32 stay in L1 for every query */
 #define VD (D / VW)
 #define VDV (DV / VW)
@@ -271,18 +275,18 @@ static inline void qk_queries(const uint32_t qt[D / 2][16], const uint16_t *k, i
     for (int m = 0; m < nq; m++) _mm512_storeu_si512(s + m * ps, r[m]);
 }
 
-/* the same for nq <= 8 queries given by their rows: the 16 keys' pairs in lanes instead. nq is
- * a literal at each call (qk_keys_for), so the query loop unrolls into registers with no test
- * a step: with nq a variable a decode step's attention was measurably slower (docs/benchmarks.md,
- * which also gives two things tried and dropped: two runs of 16 keys a call, to interleave their
- * chains, and the transposed keys kept in registers instead of stored). */
+/* the same for nq <= KEYS_IN_LANES queries given by their rows: the 16 keys' pairs in lanes
+ * instead. nq is a literal at each call (qk_keys_for), so the query loop unrolls into registers
+ * with no test a step: with nq a variable a decode step's attention was measurably slower
+ * (docs/benchmarks.md, which also gives two things tried and dropped: two runs of 16 keys a call,
+ * to interleave their chains, and the transposed keys kept in registers instead of stored). */
 static inline __attribute__((always_inline)) void qk_keys(const uint16_t *const *qrow, const int nq, const uint16_t *k,
                                                           float *s, int64_t ps) {
     uint32_t kt[D / 2][16] __attribute__((aligned(64)));
     const uint16_t *krow[16];
     for (int kk = 0; kk < 16; kk++) krow[kk] = k + kk * D;
     pairs_transposed(krow, 16, kt);
-    __m512 acc[8];
+    __m512 acc[KEYS_IN_LANES];
     for (int m = 0; m < nq; m++) acc[m] = _mm512_setzero_ps();
     for (int p = 0; p < D / 2; p++) {
         __m512bh kv = (__m512bh)_mm512_load_si512(kt[p]);
@@ -292,10 +296,13 @@ static inline __attribute__((always_inline)) void qk_keys(const uint16_t *const 
     for (int m = 0; m < nq; m++) _mm512_storeu_ps(s + m * ps, acc[m]);
 }
 
-/* qk_keys with nq (1 to 8) as a literal */
+/* qk_keys with nq (1 to KEYS_IN_LANES) as a literal */
 static void qk_keys_for(const uint16_t *const *qrow, int nq, const uint16_t *k, float *s, int64_t ps) {
 #define QK_KEYS(q) case q: qk_keys(qrow, q, k, s, ps); break;
-    switch (nq) { QK_KEYS(1) QK_KEYS(2) QK_KEYS(3) QK_KEYS(4) QK_KEYS(5) QK_KEYS(6) QK_KEYS(7) QK_KEYS(8) }
+    switch (nq) {
+        QK_KEYS(1) QK_KEYS(2) QK_KEYS(3) QK_KEYS(4) QK_KEYS(5) QK_KEYS(6) QK_KEYS(7) QK_KEYS(8)
+        QK_KEYS(9) QK_KEYS(10) QK_KEYS(11) QK_KEYS(12)
+    }
 #undef QK_KEYS
 }
 #endif
@@ -698,11 +705,11 @@ static inline __attribute__((always_inline)) void attend_item(
                 int64_t qi = q0 + m;
                 qrow[m] = (const uint16_t *)q + (start + qi % rows) * q_st + ((int64_t)g * group + qi / rows) * q_sh;
             }
-            if (nqt > 8) pairs_transposed(qrow, nqt, qt);
+            if (nqt > KEYS_IN_LANES) pairs_transposed(qrow, nqt, qt);
             float *s = scores + q0 * padded;
             for (int64_t b = 0; b < span; b += 16) {
                 const uint16_t *kb = key_run(keys, skeys, values, svalues, shared, lo, b, span, q0 == 0, tail);
-                if (nqt > 8)
+                if (nqt > KEYS_IN_LANES)
                     qk_queries(qt, kb, nqt, s + b, padded);
                 else
                     qk_keys_for(qrow, nqt, kb, s + b, padded);
