@@ -95,6 +95,11 @@ class Worker:
     def stop(self) -> None:
         self.kill(signal.SIGTERM)
 
+    def pause(self, paused: bool = True) -> None:
+        """SIGSTOP the whole group (it does nothing more until resumed; SIGKILL still ends it), or
+        SIGCONT it."""
+        os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
     def children(self) -> list[int]:
         """Pids of the worker's child processes (the prefork pool's)."""
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.proc.pid)], capture_output=True, text=True)

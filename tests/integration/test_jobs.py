@@ -661,12 +661,24 @@ def test_batch_survives_a_worker_killed_mid_step_with_8_jobs_running_and_each_co
     batch_id, key, in_engine = long_batch(stack, n)
     # Messages fetched but not claimed at the kill come back too: redelivered (Redis), or
     # published again by the reaper (the embedded broker keeps a fetched message invisible).
-    seen = poll(lambda: (k := in_engine()) >= 8 and k, timeout=JOB_TIMEOUT, interval=0.02,
+    # A job can finish between a look and the kill, so the worker is paused (SIGSTOP) when 8 look
+    # to be running, and counted again once a write it sent before the pause has landed.
+    def paused_with_8() -> int:
+        if in_engine() < 8:
+            return 0
+        stack.worker.pause()
+        time.sleep(0.2)
+        if (k := in_engine()) >= 8:
+            return k
+        stack.worker.pause(False)
+        return 0
+
+    seen = poll(paused_with_8, timeout=JOB_TIMEOUT, interval=0.02,
                 what="8 jobs running together in the worker's engine", worker=stack.worker)
     stack.worker.kill()  # SIGKILL mid-step: every job in the engine is left `running`
     mid = stack.client.get(f"/v1/batches/{batch_id}").json()
     assert mid["counts"]["succeeded"] < n, "the batch finished before the kill; nothing was tested"
-    assert in_engine() >= 8, f"{seen} were running at the poll, fewer at the kill"
+    assert in_engine() == seen, f"{seen} were running while the worker was paused, {in_engine()} after the kill"
 
     stack.worker.start()
     batch = stack.wait_batch(batch_id)
