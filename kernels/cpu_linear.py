@@ -13,8 +13,9 @@ against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md)
 * ``dtypes``: the weight dtypes this CPU's build serves;
 * ``linear_pruned(x, packed, dense, wanted)``: ``linear``'s result where asked for and -inf
   elsewhere: every column of the rows marked ``dense``, only the ``GROUP_COLUMNS``-column groups
-  marked ``wanted`` of the others (the logits a grammar allows, engine/packed.py). The bf16 loop
-  computes whole groups of its own (``BF16_GROUP_COLUMNS``), so a bf16 row may get more than was asked for.
+  marked ``wanted`` of the others (the logits a grammar allows, engine/packed.py). The loop
+  computes whole groups of its packing (``group_columns(dtype)``: 48 columns in bf16), so a bf16
+  row may get more than was asked for.
 
 Each output is one fp32 chain over k in order, whatever the row count: a row's result does not
 depend on the rows beside it. The order is not oneDNN's, so results differ from F.linear's in
@@ -33,17 +34,16 @@ import torch
 
 from kernels import native
 
-__all__ = ["BF16_GROUP_COLUMNS", "GROUP_COLUMNS", "NativeLinear", "PackedWeight", "load"]
+__all__ = ["GROUP_COLUMNS", "NativeLinear", "PackedWeight", "load"]
 
 SOURCE = Path(__file__).with_name("cpu_linear.c")
 FLAGS: tuple[str, ...] = ()
-# each element type's (packed size, pack, linear) functions in the library
+# each element type's (packed size, pack, linear, pruned linear) functions in the library
 SYMBOLS = {"f32": ("structspec_linear_f32_packed_floats", "structspec_linear_f32_pack", "structspec_linear_f32",
                    "structspec_linear_f32_pruned"),
            "bf16": ("structspec_linear_packed_words", "structspec_linear_pack", "structspec_linear",
                     "structspec_linear_pruned")}
 GROUP_COLUMNS = 16  # output columns an fp32 group packs together (cpu_linear.c: F32_GROUP)
-BF16_GROUP_COLUMNS = 48  # output columns a bf16 group packs together (cpu_linear.c: GROUP)
 
 
 @dataclass(frozen=True)
@@ -135,13 +135,20 @@ class NativeLinear:
                              out.data_ptr(), n, n, threads or torch.get_num_threads())
         return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
 
+    def group_columns(self, dtype: torch.dtype) -> int:
+        """Output columns one group of a `dtype` packing holds, which the loop computes whole
+        (cpu_linear.c: GROUP in bf16, F32_GROUP in fp32), read from the library: a 1 x 2 weight
+        packs into one group of one k step in bf16 (a pair), of two in fp32."""
+        steps = 1 if dtype == torch.bfloat16 else 2
+        return self._size[dtype](1, 2) // steps
+
     def linear_pruned(self, x: torch.Tensor, packed: PackedWeight, dense: torch.Tensor, wanted: torch.Tensor,
                       threads: int | None = None) -> torch.Tensor:
         """`linear(x, packed)` [m, n] where asked for, -inf elsewhere, for x [m, k] in the weight's
         dtype: row r gets every column where dense[r] (bool [m]), the others at least the
-        GROUP_COLUMNS-column groups g with wanted[g] (bool [ceil(n / GROUP_COLUMNS)]; fp32 exactly
-        those, bf16 the whole BF16_GROUP_COLUMNS-column groups of its loop that hold them). The columns computed are
-        `linear`'s bit for bit (the same chain over k)."""
+        GROUP_COLUMNS-column groups g with wanted[g] (bool [ceil(n / GROUP_COLUMNS)]): the whole
+        group_columns(dtype)-column groups of the packing that hold them (in fp32 those exactly).
+        The columns computed are `linear`'s bit for bit (the same chain over k)."""
         k, n, dtype = packed.in_features, packed.out_features, packed.dtype
         groups = -(-n // GROUP_COLUMNS)
         name = str(dtype).removeprefix("torch.")

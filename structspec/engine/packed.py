@@ -21,8 +21,8 @@ Pruned logits (`PackedLinear.forward_allowed`): a decoding row's grammar often a
 tokens (a key, punctuation, digits); where the native kernel runs the lm_head (fp32 or bf16),
 such a row gets only the logits of the 16-token groups its grammar (and those of the step's other
 such rows) allows (bf16: of the kernel's 48-token groups holding them), the rest -inf, which every
-consumer masks anyway. The logits computed are the full
-GEMM's bit for bit, so the tokens chosen do not change; a pass does the arithmetic of fewer rows.
+consumer masks anyway. The logits computed are the full GEMM's bit for bit, so the tokens chosen
+do not change; a pass does the arithmetic of fewer rows.
 
 The original weights stay where they are (the embedding may share one, and code reads their
 shape and dtype): packing adds the size of the linear weights to memory.

@@ -151,13 +151,13 @@ def test_pruned_outputs_are_the_full_products_bits_where_asked_and_minus_inf_els
     groups holding them; each of those is linear's value bit for bit (the same chain over k,
     whether its group took every row or only the dense ones, in tiles of any size, on 1 or 2
     threads); every other output is -inf."""
-    from kernels.cpu_linear import BF16_GROUP_COLUMNS, GROUP_COLUMNS
+    from kernels.cpu_linear import GROUP_COLUMNS
 
     w, x = rand(n, k, seed=11, scale=0.05, dtype=dtype), rand(m, k, seed=12, dtype=dtype)
     packed = lib.pack(w, rand(n, seed=13, dtype=torch.float32) if with_bias else None)
     full = lib.linear(x, packed)
     groups = -(-n // GROUP_COLUMNS)
-    per = 1 if dtype == torch.float32 else BF16_GROUP_COLUMNS // GROUP_COLUMNS  # wanted groups a computed group
+    per = lib.group_columns(dtype) // GROUP_COLUMNS  # wanted groups a computed group (bf16: 3, fp32: 1)
     gen = torch.Generator().manual_seed(m + n)
     cases = [(torch.rand(m, generator=gen) < 0.4, torch.rand(groups, generator=gen) < 0.3),
              (torch.ones(m, dtype=torch.bool), torch.zeros(groups, dtype=torch.bool)),
