@@ -93,6 +93,11 @@ typedef float vf __attribute__((vector_size(4 * VW)));
  * them, two rows a key pair, rather than a block's worth at once during q.K: on the AVX2-only Zen 3
  * host an fp32 decode step's attention took ~10% less time (docs/benchmarks.md) */
 #define PREFETCH_VALUES_F32 16
+/* fp32 keys in the generic q.K: requested a block (PREFETCH_KEYS) ahead in one burst by the AVX2
+ * build (what its Zen 3 host measured with); the AVX-512 build leaves them to the hardware's
+ * streams, which on its Intel host (no AVX512-BF16) read them faster than with the burst or with
+ * the requests spread over the block (docs/benchmarks.md) */
+#define PREFETCH_KEYS_F32 (VW == 8)
 /* q.K of up to this many of an item's queries (a tile's) puts the keys' pairs in lanes (qk_keys: a
  * transpose of each 16 keys, then a chain per query), of more the queries' pairs (qk_queries: a
  * chain per key, all 16 lanes busy); qk_keys_for's cases go this far */
@@ -723,20 +728,24 @@ static inline __attribute__((always_inline)) void attend_item(
         int64_t nb = span - b < NB ? span - b : NB;
         const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, NB, D * es);
         const char *vals = rows_at(values, svalues, shared, lo + b, nb, DV * es);
-        for (int64_t l = 0; l < NB * D * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
+        if (kv_bf16 || PREFETCH_KEYS_F32)
+            for (int64_t l = 0; l < NB * D * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
         if (kv_bf16) /* converted to fp32 below before P.V; fp32 values are prefetched by P.V itself */
             for (int64_t l = 0; l < NB * DV * es; l += 64) __builtin_prefetch(vals + l, 0, 2);
         const char *kb = rows_at(keys, skeys, shared, lo + b, nb, D * es);
+        const float *kf = block; /* fp32 keys of a whole block are read where they are */
         if (kv_bf16) {
             for (int64_t e = 0; e < nb * D; e++) block[e] = bf16_to_f32(((const uint16_t *)kb)[e]);
+        } else if (nb == NB) {
+            kf = (const float *)kb;
         } else {
             memcpy(block, kb, sizeof(float) * nb * D);
         }
-        memset(block + nb * D, 0, sizeof(float) * (NB - nb) * D);
+        if (kf == block) memset(block + nb * D, 0, sizeof(float) * (NB - nb) * D);
         for (int64_t qi = 0; qi < nq; qi++) {
             vf qv[VD];
             memcpy(qv, qs + qi * D, sizeof qv);
-            for (int64_t kk = 0; kk < nb; kk += VW) dot_block(qv, block + kk * D, scores + qi * padded + b + kk);
+            for (int64_t kk = 0; kk < nb; kk += VW) dot_block(qv, kf + kk * D, scores + qi * padded + b + kk);
         }
     }
     for (int64_t qi = 0; qi < nq; qi++) { /* softmax over each row's visible keys [first, pos] */
@@ -786,17 +795,17 @@ static inline __attribute__((always_inline)) void attend_item(
     for (int64_t b = 0; b < span; b += NB) { /* P.V: each block of values once, for every query */
         int64_t nb = span - b < NB ? span - b : NB;
         const char *vb = rows_at(values, svalues, shared, lo + b, nb, DV * es);
-        if (kv_bf16) {
+        const float *vf32 = block; /* fp32 values are read where they are */
+        if (kv_bf16)
             for (int64_t e = 0; e < nb * DV; e++) block[e] = bf16_to_f32(((const uint16_t *)vb)[e]);
-        } else {
-            memcpy(block, vb, sizeof(float) * nb * DV);
-        }
+        else
+            vf32 = (const float *)vb;
         for (int64_t qi = 0; qi < nq; qi++)
             for (int h = 0; h < VDV; h += PV_VECS) { /* PV_VECS vectors of dims at a time */
                 vf a0[PV_VECS], a1[PV_VECS] = {0}; /* even and odd keys: two chains per lane */
                 float *aq = acc + qi * DV + h * VW;
                 if (b == 0) memset(a0, 0, sizeof a0); else memcpy(a0, aq, sizeof a0);
-                const float *p = scores + qi * padded + b, *vh = block + h * VW;
+                const float *p = scores + qi * padded + b, *vh = vf32 + h * VW;
                 int64_t n = 0;
                 for (; n + 1 < nb; n += 2) {
                     if (!kv_bf16 && qi == 0 && h == 0) { /* the first pass over these values */
