@@ -205,6 +205,66 @@ static inline float row_max(const float *x, int64_t n) {
     return m;
 }
 
+#ifdef __AVX__
+#include <immintrin.h>
+/* exp_nonpos on VW lanes at once (the same steps, rounding to nearest even) */
+static inline vf exp_nonpos_v(vf x) {
+    typedef int32_t vi __attribute__((vector_size(4 * VW)));
+    vf lowest;
+    for (int i = 0; i < VW; i++) lowest[i] = -87.0f;
+    vi below = x < lowest;
+    x = (vf)(((vi)lowest & below) | ((vi)x & ~below));
+#if VW == 16
+    vf k = (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    vf k = (vf)_mm256_round_ps((__m256)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+    vf r = x - k * 0.693359375f;
+    r = r + k * 2.12194440e-4f;
+    vf p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f
+              + r * 0.00138888892f)))));
+    vi bits = (__builtin_convertvector(k, vi) + 127) << 23;
+    return p * (vf)bits;
+}
+#endif
+
+/* One query's softmax numerators in place: s[n] = e^(s[n] * scale - m) for n in [a, e), 0 elsewhere
+ * in [0, padded) (a multiple of VW); returns their sum. Written on vectors of VW lanes, where GCC
+ * had vectorised the scalar loop at half the register width on AVX-512 Intel builds; vectors wholly
+ * outside [a, e) are zeroed without an exponential. */
+static inline float softmax_row(float *s, int64_t padded, int64_t a, int64_t e, float scale, float m) {
+#ifdef __AVX__
+    typedef int32_t vi __attribute__((vector_size(4 * VW)));
+    vf sum = {0};
+    vi lane;
+    for (int i = 0; i < VW; i++) lane[i] = i;
+    for (int64_t n = 0; n < padded; n += VW) {
+        vf p = {0};
+        if (n + VW > a && n < e) {
+            vf x;
+            memcpy(&x, s + n, sizeof x);
+            p = exp_nonpos_v(x * scale - m);
+            vi at = lane + (int32_t)n;
+            p = (vf)((vi)p & ((at >= (int32_t)a) & (at < (int32_t)e)));
+            sum += p;
+        }
+        memcpy(s + n, &p, sizeof p);
+    }
+    float l = 0.0f;
+    for (int i = 0; i < VW; i++) l += sum[i];
+    return l;
+#else
+    float l = 0.0f;
+    for (int64_t n = 0; n < padded; n++) {
+        float p = exp_nonpos(s[n] * scale - m);
+        p = (n >= a && n < e) ? p : 0.0f;
+        s[n] = p;
+        l += p;
+    }
+    return l;
+#endif
+}
+
 /* scores[0:VW] = q . kf[0:VW] (kf: VW keys of D fp32, contiguous), VW independent chains */
 static inline void dot_block(const vf *q, const float *kf, float *scores) {
     vf a[VW] = {0};
@@ -581,6 +641,51 @@ static void append_item(int kv_bf16, int64_t j, int g, int64_t num_seqs, const i
 
 /* Rows per work item: a longer segment (a prefill chunk) is split into blocks of this many rows,
  * each its own item, so that one long chunk keeps every thread busy. */
+/* P.V over one block of nb values (fp32, rows of DV) for nqb queries (a literal: the loops
+ * unroll), each query's probabilities p + r * padded and sums acc + r * DV (zero when `first`).
+ * Every loaded vector of values meets all nqb queries; each query's sums follow the same chains
+ * as alone (even keys into the running sum, odd keys into a second chain from zero, added at the
+ * block's end), so the same bits for any nqb. `ahead`: the rows PREFETCH_VALUES_F32 past the
+ * block's first, requested as the pairs are read (or NULL). */
+#define PV_QUERIES (VW != 16 ? 1 : PV_VECS <= 2 ? 6 : PV_VECS <= 4 ? 3 : 1) /* 2 x PV_VECS x this: at most 24 */
+static inline __attribute__((always_inline)) void pv_f32(const float *vals, const float *p, int64_t padded, int64_t nb,
+                                                         float *acc, int first, const int nqb, const char *ahead) {
+    for (int h = 0; h < VDV; h += PV_VECS) { /* PV_VECS vectors of dims at a time */
+        vf a0[PV_QUERIES][PV_VECS], a1[PV_QUERIES][PV_VECS];
+        for (int r = 0; r < nqb; r++)
+            for (int c = 0; c < PV_VECS; c++) {
+                a1[r][c] = (vf){0};
+                if (first) a0[r][c] = (vf){0}; else memcpy(&a0[r][c], acc + r * DV + (h + c) * VW, sizeof(vf));
+            }
+        const float *vh = vals + h * VW;
+        int64_t n = 0;
+        for (; n + 1 < nb; n += 2) {
+            if (ahead && h == 0)
+                for (int l = 0; l < 2 * DV * 4; l += 64) __builtin_prefetch(ahead + n * DV * 4 + l, 0, 3);
+            for (int c = 0; c < PV_VECS; c++) {
+                vf x0, x1;
+                memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
+                memcpy(&x1, vh + (n + 1) * DV + c * VW, sizeof x1);
+                for (int r = 0; r < nqb; r++) {
+                    a0[r][c] += p[r * padded + n] * x0;
+                    a1[r][c] += p[r * padded + n + 1] * x1;
+                }
+            }
+        }
+        for (; n < nb; n++)
+            for (int c = 0; c < PV_VECS; c++) {
+                vf x0;
+                memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
+                for (int r = 0; r < nqb; r++) a0[r][c] += p[r * padded + n] * x0;
+            }
+        for (int r = 0; r < nqb; r++)
+            for (int c = 0; c < PV_VECS; c++) {
+                a0[r][c] += a1[r][c];
+                memcpy(acc + r * DV + (h + c) * VW, &a0[r][c], sizeof(vf));
+            }
+    }
+}
+
 #define ROW_BLOCK 64
 
 #ifndef AMX_PV
@@ -753,14 +858,7 @@ static inline __attribute__((always_inline)) void attend_item(
         int64_t first = (window > 0 && pos - window + 1 > lo) ? pos - window + 1 : lo;
         float *s = scores + qi * padded;
         float m = row_max(s + (first - lo), pos - first + 1) * scale;
-        float l = 0.0f;
-        for (int64_t n = 0; n < padded; n++) {
-            float p = exp_nonpos(s[n] * scale - m);
-            p = (n >= first - lo && n <= pos - lo) ? p : 0.0f;
-            s[n] = p;
-            l += p;
-        }
-        inv[qi] = 1.0f / l;
+        inv[qi] = 1.0f / softmax_row(s, padded, first - lo, pos - lo + 1, scale, m);
 #if DPBF16
         if (kv_bf16) to_bf16(s, pb + qi * padded, padded);
 #endif
@@ -800,35 +898,23 @@ static inline __attribute__((always_inline)) void attend_item(
             for (int64_t e = 0; e < nb * DV; e++) block[e] = bf16_to_f32(((const uint16_t *)vb)[e]);
         else
             vf32 = (const float *)vb;
-        for (int64_t qi = 0; qi < nq; qi++)
-            for (int h = 0; h < VDV; h += PV_VECS) { /* PV_VECS vectors of dims at a time */
-                vf a0[PV_VECS], a1[PV_VECS] = {0}; /* even and odd keys: two chains per lane */
-                float *aq = acc + qi * DV + h * VW;
-                if (b == 0) memset(a0, 0, sizeof a0); else memcpy(a0, aq, sizeof a0);
-                const float *p = scores + qi * padded + b, *vh = vf32 + h * VW;
-                int64_t n = 0;
-                for (; n + 1 < nb; n += 2) {
-                    if (!kv_bf16 && qi == 0 && h == 0) { /* the first pass over these values */
-                        const char *ahead = rows_at(values, svalues, shared, lo + b + n + PREFETCH_VALUES_F32, 2, DV * es);
-                        for (int l = 0; l < 2 * DV * es; l += 64) __builtin_prefetch(ahead + l, 0, 3);
-                    }
-                    for (int c = 0; c < PV_VECS; c++) {
-                        vf x0, x1;
-                        memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
-                        memcpy(&x1, vh + (n + 1) * DV + c * VW, sizeof x1);
-                        a0[c] += p[n] * x0;
-                        a1[c] += p[n + 1] * x1;
-                    }
-                }
-                for (; n < nb; n++)
-                    for (int c = 0; c < PV_VECS; c++) {
-                        vf x0;
-                        memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
-                        a0[c] += p[n] * x0;
-                    }
-                for (int c = 0; c < PV_VECS; c++) a0[c] += a1[c];
-                memcpy(aq, a0, sizeof a0);
+        const char *vnext = kv_bf16 ? NULL : rows_at(values, svalues, shared, lo + b + PREFETCH_VALUES_F32, nb, DV * es);
+        for (int64_t q0 = 0; q0 < nq; q0 += PV_QUERIES) {
+            const float *p = scores + q0 * padded + b;
+            float *aq = acc + q0 * DV;
+            const char *ahead = q0 == 0 ? vnext : NULL; /* the first pass over these values requests them */
+            switch (nq - q0 < PV_QUERIES ? nq - q0 : PV_QUERIES) { /* a literal count each */
+#define PV_F32_CASE(c) case c: pv_f32(vf32, p, padded, nb, aq, b == 0, c, ahead); break;
+            PV_F32_CASE(1)
+#if PV_QUERIES > 1
+            PV_F32_CASE(2) PV_F32_CASE(3)
+#endif
+#if PV_QUERIES > 3
+            PV_F32_CASE(4) PV_F32_CASE(5) PV_F32_CASE(6)
+#endif
+#undef PV_F32_CASE
             }
+        }
     }
     for (int hl = 0; hl < group; hl++)
         for (int64_t i = 0; i < rows; i++) {
