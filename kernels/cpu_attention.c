@@ -278,14 +278,7 @@ static inline void dot_block(const vf *q, const float *kf, float *scores) {
     memcpy(scores, &r, sizeof r);
 }
 
-#if DPBF16
-/* q.K from bf16 queries and keys. Every score follows one chain, whatever shares the call:
- * acc = 0, then for each pair of dims p in order, acc = vdpbf16ps(acc, q pair p, k pair p) (two
- * exact bf16 products added to fp32). The lanes hold either 16 queries (qk_queries: an item of
- * many rows) or 16 keys (qk_keys: a few rows); the instruction treats its two sources alike,
- * so both give a score the same bits, and a row's result does not depend on the other rows of
- * its item or step. */
-
+#if VW == 16
 /* rows of 16 32-bit lanes: r[i][j] -> r[j][i] */
 static inline void transpose16(__m512i r[16]) {
     __m512i t[16];
@@ -312,6 +305,63 @@ static inline void transpose16(__m512i r[16]) {
         r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
     }
 }
+
+/* q.K of many fp32 queries (prefill), the same bits as dot_block gives each (query, key): its
+ * lane l of dims {l, 16 + l, 32 + l, ...} a chain over them in order, then sum_lanes's tree over
+ * the lanes (l with l + 8, then with l + 4, l + 2, l + 1). Here the keys lie in lanes instead (kt:
+ * a block transposed, [D][NB]), so each lane's chain is a vector of 16 keys' and the tree adds
+ * whole vectors: no shuffles, and each loaded vector of keys serves nqt queries (a literal, up to
+ * QK_TREE_QUERIES). Adds and multiply-adds go through builtins GCC does not reassociate (this file
+ * is built with -fassociative-math). */
+#define QK_TREE_QUERIES 4
+#define QK_TREE_MIN 24 /* queries in an item from which q.K takes this path */
+static inline __attribute__((always_inline)) void lane_pair(const float *q, const float *kt, int l, const int nqt,
+                                                          __m512 t[QK_TREE_QUERIES]) {
+    __m512 a[QK_TREE_QUERIES], b[QK_TREE_QUERIES];
+    for (int c = 0; c < VD; c++) {
+        const __m512 k0 = _mm512_load_ps(kt + (c * 16 + l) * NB), k1 = _mm512_load_ps(kt + (c * 16 + l + 8) * NB);
+        for (int r = 0; r < nqt; r++) {
+            const __m512 q0 = _mm512_set1_ps(q[r * D + c * 16 + l]), q1 = _mm512_set1_ps(q[r * D + c * 16 + l + 8]);
+            a[r] = c ? _mm512_fmadd_ps(q0, k0, a[r]) : _mm512_mul_ps(q0, k0);
+            b[r] = c ? _mm512_fmadd_ps(q1, k1, b[r]) : _mm512_mul_ps(q1, k1);
+        }
+    }
+    for (int r = 0; r < nqt; r++) t[r] = _mm512_add_round_ps(a[r], b[r], _MM_FROUND_CUR_DIRECTION);
+}
+
+static inline __attribute__((always_inline)) void qk_tree(const float *q, const int nqt, const float *kt, int64_t keys,
+                                                        float *s, int64_t ps) {
+#define ADD(x, y) _mm512_add_round_ps(x, y, _MM_FROUND_CUR_DIRECTION)
+    for (int64_t g = 0; g < keys; g += 16) {
+        const float *k = kt + g;
+        __m512 x[QK_TREE_QUERIES], y[QK_TREE_QUERIES], u[QK_TREE_QUERIES], v[QK_TREE_QUERIES];
+        lane_pair(q, k, 0, nqt, x);
+        lane_pair(q, k, 4, nqt, y);
+        for (int r = 0; r < nqt; r++) u[r] = ADD(x[r], y[r]);
+        lane_pair(q, k, 2, nqt, x);
+        lane_pair(q, k, 6, nqt, y);
+        for (int r = 0; r < nqt; r++) u[r] = ADD(u[r], ADD(x[r], y[r]));
+        lane_pair(q, k, 1, nqt, x);
+        lane_pair(q, k, 5, nqt, y);
+        for (int r = 0; r < nqt; r++) v[r] = ADD(x[r], y[r]);
+        lane_pair(q, k, 3, nqt, x);
+        lane_pair(q, k, 7, nqt, y);
+        for (int r = 0; r < nqt; r++) {
+            v[r] = ADD(v[r], ADD(x[r], y[r]));
+            _mm512_storeu_ps(s + r * ps + g, ADD(u[r], v[r]));
+        }
+    }
+#undef ADD
+}
+#endif
+
+#if DPBF16
+/* q.K from bf16 queries and keys. Every score follows one chain, whatever shares the call:
+ * acc = 0, then for each pair of dims p in order, acc = vdpbf16ps(acc, q pair p, k pair p) (two
+ * exact bf16 products added to fp32). The lanes hold either 16 queries (qk_queries: an item of
+ * many rows) or 16 keys (qk_keys: a few rows); the instruction treats its two sources alike,
+ * so both give a score the same bits, and a row's result does not depend on the other rows of
+ * its item or step. */
 
 /* out[p][0:16] = the 16 rows' bf16 pair p (rows past n: zeros) */
 static inline void pairs_transposed(const uint16_t *const *row, int n, uint32_t out[D / 2][16]) {
@@ -829,6 +879,9 @@ static inline __attribute__((always_inline)) void attend_item(
         }
     } else
 #endif
+#if VW == 16
+    float kt[D * NB] __attribute__((aligned(64))); /* a block of fp32 keys transposed, for qk_tree */
+#endif
     for (int64_t b = 0; b < span; b += NB) { /* q.K: each block of keys once, for every query */
         int64_t nb = span - b < NB ? span - b : NB;
         const char *ahead = rows_at(keys, skeys, shared, lo + b + PREFETCH_KEYS, NB, D * es);
@@ -847,6 +900,28 @@ static inline __attribute__((always_inline)) void attend_item(
             memcpy(block, kb, sizeof(float) * nb * D);
         }
         if (kf == block) memset(block + nb * D, 0, sizeof(float) * (NB - nb) * D);
+#if VW == 16
+        if (nq >= QK_TREE_MIN) {
+            for (int64_t g = 0; g < nb; g += 16) /* kt[d][key] = kf[key][d], 16 x 16 at a time */
+                for (int c = 0; c < VD; c++) {
+                    __m512i r[16];
+                    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(kf + (g + i) * D + c * 16);
+                    transpose16(r);
+                    for (int i = 0; i < 16; i++) _mm512_store_si512(kt + (c * 16 + i) * NB + g, r[i]);
+                }
+            for (int64_t q0 = 0; q0 < nq; q0 += QK_TREE_QUERIES) {
+                const float *qq = qs + q0 * D;
+                float *sq = scores + q0 * padded + b;
+                switch (nq - q0 < QK_TREE_QUERIES ? nq - q0 : QK_TREE_QUERIES) {
+                case 1: qk_tree(qq, 1, kt, nb, sq, padded); break;
+                case 2: qk_tree(qq, 2, kt, nb, sq, padded); break;
+                case 3: qk_tree(qq, 3, kt, nb, sq, padded); break;
+                default: qk_tree(qq, 4, kt, nb, sq, padded); break;
+                }
+            }
+            continue;
+        }
+#endif
         for (int64_t qi = 0; qi < nq; qi++) {
             vf qv[VD];
             memcpy(qv, qs + qi * D, sizeof qv);
