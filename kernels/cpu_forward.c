@@ -1,4 +1,4 @@
-/* Every decoder layer of one forward pass in one call, for the CPU (bf16 models).
+/* Every decoder layer of one forward pass in one call, for the CPU (bf16 and fp32 models).
  *
  * The lean forward (structspec/engine/lean.py) runs a layer as eight C calls: two fused
  * RMSNorms and the gated SiLU and rotary (kernels/cpu_layer.c), four GEMMs through packed
@@ -7,7 +7,8 @@
  * is a large part of a decode pass whose GEMMs read the weights once. This file makes the same
  * calls, in the same order, with the same arguments, from C: the per-layer loop without Python
  * in between. It computes nothing of its own but the attention output's rounding to bf16 (which
- * the library of cpu_layer.c does too), so its results are bit for bit those of the per-call loop.
+ * the library of cpu_layer.c does too; an fp32 model's o projection takes the attention's fp32
+ * output as it is), so its results are bit for bit those of the per-call loop.
  *
  * The three libraries are built with different flags (cpu_layer.c rounds as torch does, without
  * fused multiply-adds; cpu_attention.c reassociates), so they stay separate shared objects; the
@@ -17,6 +18,8 @@
 
 typedef void (*linear_fn)(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p, const float *bias,
                           uint16_t *y, int64_t ldy, int64_t n, int threads);
+typedef void (*linear_f32_fn)(const float *x, int64_t ldx, int64_t m, int64_t k, const float *p, const float *bias,
+                              float *y, int64_t ldy, int64_t n, int threads);
 typedef void (*norm_fn)(void *x, int64_t xs, const void *y, int64_t ys, const void *w, void *h, int64_t hs,
                         int64_t rows, int64_t n, float eps, int bf16, int threads);
 typedef void (*rotary_fn)(void *qk, int64_t qs, int64_t heads, int64_t d, const void *cos, const void *sin,
@@ -30,7 +33,8 @@ typedef void (*attend_fn)(const void *q, int64_t q_st, int64_t q_sh, const void 
                           int64_t layer, int heads, int kv_heads, float scale, int64_t window, int with_shared,
                           int threads);
 
-/* entry points, in this order, as addresses */
+/* entry points, in this order, as addresses (F_LINEAR: structspec_linear for bf16 rows,
+ * structspec_linear_f32 for fp32 ones) */
 enum { F_LINEAR, F_NORM, F_ROTARY, F_SILU, F_ROUND, F_ATTEND, F_COUNT };
 /* the model's sizes */
 enum { S_LAYERS, S_HIDDEN, S_HEADS, S_KV_HEADS, S_HEAD_DIM, S_VALUE_DIM, S_INTERMEDIATE, S_COUNT };
@@ -39,20 +43,23 @@ enum { W_NORM1, W_NORM2, W_QKV, W_QKV_BIAS, W_O, W_O_BIAS, W_GATE_UP, W_GATE_UP_
 /* the pass's buffers, as addresses: x [T, hidden] (the residual stream, updated in place), y [T,
  * hidden] (the last layer's MLP output, not yet added to x), then scratch: h [T, hidden], qkv [T,
  * (heads + 2 kv_heads) d], attention [T, heads, dv] fp32 and bf16, o [T, hidden], gate_up
- * [T, 2 intermediate], act [T, intermediate]; all bf16 but the fp32 attention, rows contiguous */
+ * [T, 2 intermediate], act [T, intermediate]; all of the model's dtype (bf16 or fp32) but the fp32
+ * attention (an fp32 model's B_ATT is not used), rows contiguous */
 enum { B_X, B_Y, B_H, B_QKV, B_ATT32, B_ATT, B_O, B_GATE_UP, B_ACT, B_COUNT };
 
-int structspec_forward_version(void) { return 1; }
+int structspec_forward_version(void) { return 2; } /* 2: fp32 models (the `fp32` argument) */
 
 /* Layers [0, S_LAYERS) over T rows: what LeanForward._fused does between the embedding and the
- * final norm, with cos, sin [T, head_dim] bf16 (row stride cs), the attention's step table
- * (num_seqs sequences; with_shared: its shared-prefix rows) and KV buffers of bf16 (kv_bf16) or
- * fp32. eps: [layers][2] (each layer's two norms). */
+ * final norm, with rows, weights and cos, sin [T, head_dim] (row stride cs) of bf16, or of fp32
+ * with `fp32` set, the attention's step table (num_seqs sequences; with_shared: its shared-prefix
+ * rows) and KV buffers of bf16 (kv_bf16; bf16 rows only) or fp32. eps: [layers][2] (each layer's
+ * two norms). */
 void structspec_forward_layers(const int64_t *fns, const int64_t *sizes, const int64_t *weights, const float *eps,
                                const int64_t *buffers, int64_t rows, const void *cos, const void *sin, int64_t cs,
                                const int64_t *table, int64_t num_seqs, int with_shared, int kv_bf16, float scale,
-                               int threads) {
+                               int fp32, int threads) {
     linear_fn linear = (linear_fn)(intptr_t)fns[F_LINEAR];
+    linear_f32_fn linear_f32 = (linear_f32_fn)(intptr_t)fns[F_LINEAR];
     norm_fn norm = (norm_fn)(intptr_t)fns[F_NORM];
     rotary_fn rotary = (rotary_fn)(intptr_t)fns[F_ROTARY];
     silu_fn silu = (silu_fn)(intptr_t)fns[F_SILU];
@@ -61,25 +68,35 @@ void structspec_forward_layers(const int64_t *fns, const int64_t *sizes, const i
     const int64_t layers = sizes[S_LAYERS], n = sizes[S_HIDDEN], heads = sizes[S_HEADS], kvh = sizes[S_KV_HEADS];
     const int64_t d = sizes[S_HEAD_DIM], dv = sizes[S_VALUE_DIM], inter = sizes[S_INTERMEDIATE];
     const int64_t qkv_n = (heads + kvh) * d + kvh * dv, att_n = heads * dv;
-    uint16_t *x = (uint16_t *)(intptr_t)buffers[B_X], *y = (uint16_t *)(intptr_t)buffers[B_Y];
-    uint16_t *h = (uint16_t *)(intptr_t)buffers[B_H], *qkv = (uint16_t *)(intptr_t)buffers[B_QKV];
+    void *x = (void *)(intptr_t)buffers[B_X], *y = (void *)(intptr_t)buffers[B_Y];
+    void *h = (void *)(intptr_t)buffers[B_H], *qkv = (void *)(intptr_t)buffers[B_QKV];
     float *att32 = (float *)(intptr_t)buffers[B_ATT32];
-    uint16_t *att = (uint16_t *)(intptr_t)buffers[B_ATT], *o = (uint16_t *)(intptr_t)buffers[B_O];
-    uint16_t *gu = (uint16_t *)(intptr_t)buffers[B_GATE_UP], *act = (uint16_t *)(intptr_t)buffers[B_ACT];
+    void *att = fp32 ? (void *)att32 : (void *)(intptr_t)buffers[B_ATT], *o = (void *)(intptr_t)buffers[B_O];
+    void *gu = (void *)(intptr_t)buffers[B_GATE_UP], *act = (void *)(intptr_t)buffers[B_ACT];
+    const int64_t es = fp32 ? 4 : 2; /* bytes an element of the rows */
+    const int bf16 = !fp32;
+    /* y = a @ the packed weight, in the rows' type */
+#define LINEAR(a, lda, k, wi, out, ldo, nn)                                                          \
+    (fp32 ? linear_f32((const float *)(a), lda, rows, k, (const float *)PTR(wi), (const float *)PTR(wi + 1), \
+                       (float *)(out), ldo, nn, threads)                                             \
+          : linear((const uint16_t *)(a), lda, rows, k, (const uint32_t *)PTR(wi), (const float *)PTR(wi + 1), \
+                   (uint16_t *)(out), ldo, nn, threads))
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *w = weights + l * W_COUNT;
 #define PTR(i) ((const void *)(intptr_t)w[i])
-        norm(x, n, l ? y : 0, n, PTR(W_NORM1), h, n, rows, n, eps[2 * l], 1, threads);
-        linear(h, n, rows, n, PTR(W_QKV), PTR(W_QKV_BIAS), qkv, qkv_n, qkv_n, threads);
-        rotary(qkv, qkv_n, heads + kvh, d, cos, sin, cs, rows, 1, threads);
-        attend(qkv, qkv_n, d, qkv + heads * d, qkv_n, d, qkv + (heads + kvh) * d, qkv_n, dv, 1, kv_bf16, att32,
-               att_n, dv, table, num_seqs, layers, l, (int)heads, (int)kvh, scale, 0, with_shared, threads);
-        round_bf16(att32, att, rows * att_n, threads);
-        linear(att, att_n, rows, att_n, PTR(W_O), PTR(W_O_BIAS), o, n, n, threads);
-        norm(x, n, o, n, PTR(W_NORM2), h, n, rows, n, eps[2 * l + 1], 1, threads);
-        linear(h, n, rows, n, PTR(W_GATE_UP), PTR(W_GATE_UP_BIAS), gu, 2 * inter, 2 * inter, threads);
-        silu(gu, 2 * inter, act, inter, rows, inter, 1, threads);
-        linear(act, inter, rows, inter, PTR(W_DOWN), PTR(W_DOWN_BIAS), y, n, n, threads);
+        norm(x, n, l ? y : 0, n, PTR(W_NORM1), h, n, rows, n, eps[2 * l], bf16, threads);
+        LINEAR(h, n, n, W_QKV, qkv, qkv_n, qkv_n);
+        rotary(qkv, qkv_n, heads + kvh, d, cos, sin, cs, rows, bf16, threads);
+        attend(qkv, qkv_n, d, (char *)qkv + heads * d * es, qkv_n, d, (char *)qkv + (heads + kvh) * d * es, qkv_n, dv,
+               bf16, kv_bf16, att32, att_n, dv, table, num_seqs, layers, l, (int)heads, (int)kvh, scale, 0,
+               with_shared, threads);
+        if (bf16) round_bf16(att32, (uint16_t *)att, rows * att_n, threads);
+        LINEAR(att, att_n, att_n, W_O, o, n, n);
+        norm(x, n, o, n, PTR(W_NORM2), h, n, rows, n, eps[2 * l + 1], bf16, threads);
+        LINEAR(h, n, n, W_GATE_UP, gu, 2 * inter, 2 * inter);
+        silu(gu, 2 * inter, act, inter, rows, inter, bf16, threads);
+        LINEAR(act, inter, inter, W_DOWN, y, n, n);
 #undef PTR
     }
+#undef LINEAR
 }

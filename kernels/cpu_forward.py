@@ -1,4 +1,4 @@
-"""Every decoder layer of a bf16 forward pass in one C call (kernels/cpu_forward.c).
+"""Every decoder layer of a forward pass (bf16 or fp32) in one C call (kernels/cpu_forward.c).
 
 The lean forward's fused path (structspec/engine/lean.py) calls eight C functions per layer
 from Python: the fused elementwise steps (kernels/cpu_layer.py), the GEMMs through packed
@@ -30,9 +30,9 @@ FLAGS: tuple[str, ...] = ()
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One decoder layer as cpu_forward.c reads it: the two RMSNorm weights (bf16 [hidden]) and
-    epsilons, and the four GEMMs' packed weights (kernels.cpu_linear.PackedWeight): q/k/v fused,
-    o, gate/up fused, down."""
+    """One decoder layer as cpu_forward.c reads it: the two RMSNorm weights ([hidden], of the
+    model's dtype: bf16 or fp32) and epsilons, and the four GEMMs' packed weights
+    (kernels.cpu_linear.PackedWeight, of the same dtype): q/k/v fused, o, gate/up fused, down."""
     norm1: torch.Tensor
     eps1: float
     qkv: object
@@ -51,6 +51,7 @@ class Plan:
     weights: torch.Tensor  # int64 [layers, 10]: cpu_forward.c's W_* addresses
     eps: torch.Tensor      # fp32 [layers, 2]
     keep: tuple            # the tensors those addresses point into
+    dtype: torch.dtype = torch.bfloat16  # the rows' and weights' (bf16 or fp32)
 
 
 class ForwardLayers:
@@ -58,10 +59,11 @@ class ForwardLayers:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = native.open_library(path, SOURCE, "structspec_forward_version", 1)
+        lib = native.open_library(path, SOURCE, "structspec_forward_version", 2)
         i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
         fn = lib.structspec_forward_layers
-        fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, c_int, c_int, ctypes.c_float, c_int]
+        fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, c_int, c_int, ctypes.c_float, c_int,
+                       c_int]
         fn.restype = None
         self._fn = fn
         self._lib = lib
@@ -69,24 +71,29 @@ class ForwardLayers:
     def plan(self, linear, ops, attention, layers: list[LayerWeights], heads: int, kv_heads: int,
              intermediate: int) -> Plan:
         """A Plan over `layers` with kernels.cpu_linear's library `linear`, kernels.cpu_layer's
-        `ops` and kernels.cpu_attention's `attention` (ValueError where the shapes do not chain)."""
+        `ops` and kernels.cpu_attention's `attention` (ValueError where the shapes or dtypes do
+        not chain). The dtype is the first norm weight's: bf16 or fp32."""
         if not layers:
             raise ValueError("no layers")
         d, dv = attention.head_dim, attention.value_dim
-        hidden = layers[0].norm1.shape[0]
+        hidden, dtype = layers[0].norm1.shape[0], layers[0].norm1.dtype
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"the layer loop runs bf16 or fp32 models, not {dtype}")
         want = {"qkv": (hidden, (heads + kv_heads) * d + kv_heads * dv), "o": (heads * dv, hidden),
                 "gate_up": (hidden, 2 * intermediate), "down": (intermediate, hidden)}
         rows, eps, keep = [], [], []
         for i, layer in enumerate(layers):
             for norm in (layer.norm1, layer.norm2):
-                if norm.dtype != torch.bfloat16 or norm.shape != (hidden,) or not norm.is_contiguous():
-                    raise ValueError(f"layer {i}: norm weights must be contiguous bf16 [{hidden}]")
+                if norm.dtype != dtype or norm.shape != (hidden,) or not norm.is_contiguous():
+                    raise ValueError(f"layer {i}: norm weights must be contiguous {dtype} [{hidden}]")
             row = [layer.norm1.data_ptr(), layer.norm2.data_ptr()]
             for name, shape in want.items():
                 packed = getattr(layer, name)
                 if (packed.in_features, packed.out_features) != shape:
                     raise ValueError(f"layer {i}: {name} is {packed.in_features} -> {packed.out_features}, the "
                                      f"model's sizes give {shape[0]} -> {shape[1]}")
+                if packed.dtype != dtype:
+                    raise ValueError(f"layer {i}: {name} is packed in {packed.dtype}, the norms are {dtype}")
                 row += [packed.words.data_ptr(), 0 if packed.bias is None else packed.bias.data_ptr()]
                 keep += [packed.words, packed.bias]
             rows.append(row)
@@ -94,45 +101,51 @@ class ForwardLayers:
             keep += [layer.norm1, layer.norm2]
         weights = torch.tensor(rows, dtype=torch.int64)  # cpu_forward.c's W_* order
         points = ops.entry_points()
-        fns = torch.tensor([linear.entry_point(), points["norm"], points["rotary"], points["silu"], points["round"],
+        fns = torch.tensor([linear.entry_point(dtype), points["norm"], points["rotary"], points["silu"], points["round"],
                             attention.entry_point()], dtype=torch.int64)
         sizes = torch.tensor([len(layers), hidden, heads, kv_heads, d, dv, intermediate], dtype=torch.int64)
-        return Plan(fns, sizes, weights, torch.tensor(eps, dtype=torch.float32), tuple(keep))
+        return Plan(fns, sizes, weights, torch.tensor(eps, dtype=torch.float32), tuple(keep), dtype)
 
     def run(self, plan: Plan, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, table: torch.Tensor,
             kv_dtype: torch.dtype, scale: float, threads: int | None = None) -> torch.Tensor:
-        """Every layer of `plan` over the rows x [T, hidden] (bf16, contiguous; the residual
-        stream, updated in place), with rotary cos, sin [T, head_dim] (bf16, one row stride) and
-        the attention's step table (kernels.cpu_attention.NativeAttention.attend's `table`, over
-        KV buffers of `kv_dtype`): returns y [T, hidden], the last layer's MLP output, which the
+        """Every layer of `plan` over the rows x [T, hidden] (the plan's dtype, contiguous; the
+        residual stream, updated in place), with rotary cos, sin [T, head_dim] (the same dtype,
+        one row stride) and the attention's step table
+        (kernels.cpu_attention.NativeAttention.attend's `table`, over KV buffers of `kv_dtype`:
+        bf16 only for bf16 rows): returns y [T, hidden], the last layer's MLP output, which the
         caller adds to x (as LeanForward._fused does)."""
         layers, hidden, heads, kv_heads, d, dv, inter = plan.sizes.tolist()
-        if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != hidden or not x.is_contiguous():
-            raise ValueError(f"x must be contiguous bf16 [T, {hidden}], got {x.dtype} {tuple(x.shape)}")
+        dtype = plan.dtype
+        if x.dtype != dtype or x.dim() != 2 or x.shape[1] != hidden or not x.is_contiguous():
+            raise ValueError(f"x must be contiguous {dtype} [T, {hidden}], got {x.dtype} {tuple(x.shape)}")
         rows = x.shape[0]
         for t, name in ((cos, "cos"), (sin, "sin")):
-            if t.dtype != torch.bfloat16 or t.shape != (rows, d) or t.stride(1) != 1:
-                raise ValueError(f"{name} must be bf16 [{rows}, {d}] with a unit last stride")
+            if t.dtype != dtype or t.shape != (rows, d) or t.stride(1) != 1:
+                raise ValueError(f"{name} must be {dtype} [{rows}, {d}] with a unit last stride")
         if cos.stride(0) != sin.stride(0):
             raise ValueError("cos and sin must share a row stride")
         if table.dtype != torch.int64 or not table.is_contiguous() or table.shape[0] not in (2 * layers + 4,
                                                                                               4 * layers + 6):
             raise ValueError(f"table must be contiguous int64 [2 * layers + 4, S] or [4 * layers + 6, S], got "
                              f"{tuple(table.shape)}")
-        if kv_dtype not in (torch.bfloat16, torch.float32):
-            raise ValueError(f"KV buffers of {kv_dtype}: the attention takes bf16 or fp32")
-        bf16 = dict(dtype=torch.bfloat16)
-        y = torch.empty(rows, hidden, **bf16)
-        scratch = (torch.empty(rows, hidden, **bf16), torch.empty(rows, (heads + kv_heads) * d + kv_heads * dv, **bf16),
-                   torch.empty(rows, heads * dv, dtype=torch.float32), torch.empty(rows, heads * dv, **bf16),
-                   torch.empty(rows, hidden, **bf16), torch.empty(rows, 2 * inter, **bf16),
-                   torch.empty(rows, inter, **bf16))
+        if kv_dtype not in (torch.bfloat16, torch.float32) or (kv_dtype == torch.bfloat16 and dtype != kv_dtype):
+            raise ValueError(f"KV buffers of {kv_dtype} for {dtype} rows: the attention takes fp32 KV, or bf16 KV "
+                             f"with bf16 rows")
+        fp32 = dtype == torch.float32
+        like = dict(dtype=dtype)
+        y = torch.empty(rows, hidden, **like)
+        # the fp32 attention output, then its bf16 rounding (an fp32 model's o projection reads the former)
+        attention = (torch.empty(rows, heads * dv, dtype=torch.float32), torch.empty(0 if fp32 else rows, heads * dv,
+                                                                                      **like))
+        scratch = (torch.empty(rows, hidden, **like), torch.empty(rows, (heads + kv_heads) * d + kv_heads * dv, **like),
+                   *attention, torch.empty(rows, hidden, **like), torch.empty(rows, 2 * inter, **like),
+                   torch.empty(rows, inter, **like))
         buffers = torch.tensor([x.data_ptr(), y.data_ptr(), *(t.data_ptr() for t in scratch)], dtype=torch.int64)
         if rows:
             self._fn(plan.fns.data_ptr(), plan.sizes.data_ptr(), plan.weights.data_ptr(), plan.eps.data_ptr(),
                      buffers.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(), cos.stride(0), table.data_ptr(),
                      table.shape[1], int(table.shape[0] == 4 * layers + 6), int(kv_dtype == torch.bfloat16), scale,
-                     threads or torch.get_num_threads())
+                     int(fp32), threads or torch.get_num_threads())
         return y
 
 

@@ -89,11 +89,13 @@ class NativeLinear:
     def __reduce__(self):
         return NativeLinear, (self.path,)
 
-    def entry_point(self) -> int:
-        """The address of the bf16 structspec_linear (for kernels/cpu_forward.c, which calls it from C)."""
-        if torch.bfloat16 not in self.dtypes:
-            raise RuntimeError("this build of the linear kernel has no bf16 (the CPU lacks AVX512-BF16)")
-        return native.address(self._run[torch.bfloat16])
+    def entry_point(self, dtype: torch.dtype = torch.bfloat16) -> int:
+        """The address of the linear loop for `dtype` rows: structspec_linear (bf16) or
+        structspec_linear_f32 (for kernels/cpu_forward.c, which calls it from C)."""
+        if dtype not in self.dtypes:
+            raise RuntimeError(f"this build of the linear kernel has no {dtype}"
+                               + (" (the CPU lacks AVX512-BF16)" if dtype == torch.bfloat16 else ""))
+        return native.address(self._run[dtype])
 
     def serves(self, weight: torch.Tensor) -> bool:
         """Whether `weight` (a layer's [n, k]) can run through this library."""

@@ -18,7 +18,8 @@ rotary, SiLU x up) run fused in C (kernels/cpu_layer.c: one call and one pass ea
 ~20 operators a layer); rotary and the adds round exactly as torch does, RMSNorm and SiLU
 within the last bits of fp32, so the check against the model's own forward holds within its
 tolerance rather than bit for bit. Where, in addition, every GEMM runs through
-kernels/cpu_linear.c (bf16 on CPUs with AVX512-BF16 and no AMX), the loop over the layers
+kernels/cpu_linear.c (bf16 on CPUs with AVX512-BF16 and no AMX; fp32 where `auto` runs fp32 on a
+CPU with AVX-512F, or AVX2 and FMA), the loop over the layers
 itself runs in C (kernels/cpu_forward.c: the same calls, the same bits, one call from Python
 a pass instead of ~240).
 
@@ -233,7 +234,7 @@ class LeanForward:
         q_width, qk_width = h * d, (h + kvh) * d
         step = CURRENT.get()
         native = isinstance(step, Step) and step.attention == "native"
-        plan = self._layer_plan(step.native) if native and x.dtype == torch.bfloat16 else None
+        plan = self._layer_plan(step.native) if native else None
         if plan is not None:  # the same calls as the loop below, made from C
             y = self.layer_loop.run(plan, x, cos, sin, step.native_table(), step.segments[0].slot.keys[0].dtype,
                                     self.scaling)
@@ -260,10 +261,10 @@ class LeanForward:
 
     def loops_natively(self) -> bool:
         """Whether a pass with the native attention runs its layer loop in C: the loop library is
-        there, with the fused steps, and every layer's GEMMs run through the native kernel in bf16
-        (the loop's only dtype; the kernel's fp32 layers loop in Python)."""
+        there, with the fused steps, and every layer's GEMMs run through the native kernel (bf16
+        or fp32, all in the model's dtype)."""
         return self.layer_loop is not None and self.ops is not None and all(
-            isinstance(m, PackedLinear) and m.uses_native() and m.weight.dtype == torch.bfloat16 for m in self._gemms)
+            isinstance(m, PackedLinear) and m.uses_native() and m.weight.dtype == self.norm.dtype for m in self._gemms)
 
     def _layer_plan(self, attention):
         """The layer loop's plan (kernels.cpu_forward.Plan) for `attention` (the step's

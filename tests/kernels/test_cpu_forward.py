@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 from test_cpu_layer import llama
-from test_cpu_linear import ENGINE_PICKS_IT, HAS_KERNEL, needs_dpbf16
+from test_cpu_linear import ENGINE_PICKS_F32, ENGINE_PICKS_IT, HAS_KERNEL, needs_dpbf16
 
 from kernels import cpu_linear
 from tests.unit.engine.test_lean import steps
@@ -31,24 +31,29 @@ def passes(runner):
     return steps(runner, first=70)
 
 
-@needs_dpbf16
-def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path):
-    runner = runner_for(llama(torch.bfloat16), tmp_path)
+# the loop's dtypes: fp32 wherever the linear kernel builds, bf16 where it has AVX512-BF16
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path, dtype):
+    runner = runner_for(llama(dtype), tmp_path)
     lean = runner.lean
     assert runner.attention == "native" and lean.ops is not None and lean.layer_loop is not None
-    assert lean.loops_natively()
+    assert all(m.uses_native() for m in lean._gemms) and lean.loops_natively()
     got = passes(runner)
-    assert lean._plan is not None  # the passes went through the C loop
+    assert lean._plan is not None and lean._plan.dtype == dtype  # the passes went through the C loop
     lean.layer_loop = None
     want = passes(runner)
-    assert [g.dtype for g in got] == [torch.bfloat16] * 3
+    assert lean._plan is not None  # (not planned again: the Python loop made these)
+    assert [g.dtype for g in got] == [dtype] * 3
     for g, w in zip(got, want):
         assert torch.equal(g, w)
 
 
-@needs_dpbf16
-def test_the_plan_follows_a_weight_changed_in_place(tmp_path):
-    runner = runner_for(llama(torch.bfloat16), tmp_path)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_plan_follows_a_weight_changed_in_place(tmp_path, dtype):
+    runner = runner_for(llama(dtype), tmp_path)
     lean, loop = runner.lean, runner.lean.layer_loop
     before = passes(runner)
     plan = lean._plan
@@ -81,6 +86,21 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
         loop.plan(lean.linear, lean.ops, runner.native, [], 4, 2, 96)
 
 
+def test_an_fp32_plan_refuses_bf16_rows_and_bf16_kv(tmp_path):
+    runner = runner_for(llama(torch.float32), tmp_path)
+    lean = runner.lean
+    passes(runner)
+    plan, loop = lean._plan, lean.layer_loop
+    cos = sin = torch.zeros(4, 16)
+    table = torch.zeros(2 * 3 + 4, 1, dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"x must be contiguous torch.float32 \[T, 64\], got torch.bfloat16"):
+        loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos, sin, table, torch.float32, 0.25)
+    with pytest.raises(ValueError, match=r"cos must be torch.float32 \[4, 16\]"):
+        loop.run(plan, torch.zeros(4, 64), cos.bfloat16(), sin, table, torch.float32, 0.25)
+    with pytest.raises(ValueError, match="KV buffers of torch.bfloat16 for torch.float32 rows"):
+        loop.run(plan, torch.zeros(4, 64), cos, sin, table, torch.bfloat16, 0.25)
+
+
 @needs_dpbf16
 def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeypatch, caplog, tmp_path):
     import kernels.cpu_forward
@@ -94,25 +114,42 @@ def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeyp
     assert runner.lean.layer_loop is None and runner.lean.ops is not None and not runner.lean.loops_natively()
 
 
-def test_fp32_models_loop_in_python(tmp_path):
-    """The C layer loop is bf16: an fp32 model's GEMMs (oneDNN's, or the native kernel's fp32 on a
-    CPU with no bf16 units) loop in Python, so no plan."""
-    runner = runner_for(llama(torch.float32), tmp_path)
-    assert all(m.uses_native() for m in runner.lean._gemms)  # every GEMM the kernel's, in fp32
-    passes(runner)
-    assert not runner.lean.loops_natively() and runner.lean._plan is None
+def test_a_model_loops_in_python_where_a_gemm_is_not_the_kernels(tmp_path):
+    """One GEMM left to oneDNN (or F.linear): no plan, the Python loop, the same logits as the
+    Python loop of an all-native runner."""
+    from structspec.engine.packed import PackedLinear
+
+    model = llama(torch.float32)
+    runner = runner_for(model, tmp_path)
+    lean = runner.lean
+    want = passes(runner)
+    gemm = lean.layers[1].o
+    assert isinstance(gemm, PackedLinear) and gemm.uses_native()
+    lean.layers[1].o = torch.nn.Linear(gemm.in_features, gemm.out_features, bias=gemm.bias is not None)
+    with torch.no_grad():
+        lean.layers[1].o.weight.copy_(gemm.weight)
+    lean._gemms = lean.linear_modules()[:-1]
+    lean._plan = None
+    assert not lean.loops_natively()
+    got = passes(runner)
+    assert lean._plan is None
+    for g, w in zip(got, want):  # F.linear sums in another order than the kernel: close, not the same bits
+        assert torch.allclose(g, w, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the native linear kernel (which the C loop "
-                    "runs) only on CPUs with AVX512-BF16 and no AMX")
+@pytest.mark.skipif(not (ENGINE_PICKS_IT or ENGINE_PICKS_F32), reason="the engine picks the native linear kernel "
+                    "(which the C loop runs) only on CPUs with AVX512-BF16 and no AMX (bf16) or with no bf16 units "
+                    "(fp32)")
 def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, tmp_path):
     from test_cpu_linear import bf16_loaded
 
     from structspec.engine.engine import Engine
 
-    assert Engine(bf16_loaded(tiny_normal_loaded), cache_dir=tmp_path).layer_loop == "native"
-    assert Engine(bf16_loaded(tiny_normal_loaded), kernel_backend="torch").layer_loop == "python"
-    assert Engine(tiny_normal_loaded, cache_dir=tmp_path).layer_loop == "python"  # fp32
+    picked = bf16_loaded(tiny_normal_loaded) if ENGINE_PICKS_IT else tiny_normal_loaded
+    assert Engine(picked, cache_dir=tmp_path).layer_loop == "native"
+    assert Engine(picked, kernel_backend="torch").layer_loop == "python"
+    if ENGINE_PICKS_IT:  # an fp32 model on a bf16 CPU keeps oneDNN's fp32 GEMMs
+        assert Engine(tiny_normal_loaded, cache_dir=tmp_path).layer_loop == "python"
 
 
 @needs_dpbf16
@@ -129,8 +166,9 @@ def test_the_c_loop_agrees_with_the_models_own_eager_forward(tmp_path):
         assert (g - w).abs().max() <= 2e-2 * w.abs().max()
 
 
-@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the native linear kernel (which the C loop "
-                    "runs) only on CPUs with AVX512-BF16 and no AMX")
+@pytest.mark.skipif(not (ENGINE_PICKS_IT or ENGINE_PICKS_F32), reason="the engine picks the native linear kernel "
+                    "(which the C loop runs) only on CPUs with AVX512-BF16 and no AMX (bf16) or with no bf16 units "
+                    "(fp32)")
 def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, monkeypatch, tmp_path):
     """Documents of one schema (their prompts share a cached prefix, which the attention reads
     from one copy), drafted and not, four at a time: the same tokens, since the logits are the
@@ -148,7 +186,7 @@ def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, mo
     requests = [Request(schema, row["text"], RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4,
                                                             max_tokens=48, verbatim=True))
                 for i, row in enumerate(rows)]
-    loaded = bf16_loaded(tiny_normal_loaded)
+    loaded = bf16_loaded(tiny_normal_loaded) if ENGINE_PICKS_IT else tiny_normal_loaded  # fp32 on a CPU without bf16
     tables = []
     real = kernels.cpu_forward.ForwardLayers.run
     monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
