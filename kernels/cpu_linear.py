@@ -93,8 +93,8 @@ class NativeLinear:
         """The address of the linear loop for `dtype` rows: structspec_linear (bf16) or
         structspec_linear_f32 (for kernels/cpu_forward.c, which calls it from C)."""
         if dtype not in self.dtypes:
-            raise RuntimeError(f"this build of the linear kernel has no {dtype}"
-                               + (" (the CPU lacks AVX512-BF16)" if dtype == torch.bfloat16 else ""))
+            name = {torch.bfloat16: "bf16 (the CPU lacks AVX512-BF16)", torch.float32: "fp32"}.get(dtype, str(dtype))
+            raise RuntimeError(f"this build of the linear kernel has no {name}")
         return native.address(self._run[dtype])
 
     def serves(self, weight: torch.Tensor) -> bool:
