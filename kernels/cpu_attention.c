@@ -59,21 +59,6 @@ static inline void load_row(const void *base, int bf16, int64_t off, float *dst,
     }
 }
 
-/* e^x for x <= 0 (scores minus their row's maximum): Cody-Waite reduction and a degree-6
- * polynomial, within 2 ulp of expf; branch-free so the compiler vectorises the loops using it. */
-static inline float exp_nonpos(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float k = __builtin_roundf(x * 1.44269504088896341f);
-    float r = x - k * 0.693359375f;
-    r = r + k * 2.12194440e-4f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f
-              + r * 0.00138888892f)))));
-    int32_t bits = ((int32_t)k + 127) << 23;
-    float s;
-    memcpy(&s, &bits, 4);
-    return p * s;
-}
-
 #if D % 16 == 0 && DV % 16 == 0 && defined(__AVX512F__)
 #define VW 16 /* lanes: one AVX-512 register */
 #else
@@ -207,17 +192,22 @@ static inline float row_max(const float *x, int64_t n) {
 
 #ifdef __AVX__
 #include <immintrin.h>
-/* exp_nonpos on VW lanes at once (the same steps, rounding to nearest even) */
-static inline vf exp_nonpos_v(vf x) {
+#endif
+/* e^x lane by lane for x <= 0 (scores minus their row's maximum): Cody-Waite reduction (k
+ * rounded to nearest even) and a degree-6 polynomial, within 2 ulp of expf, on VW lanes at once */
+static inline vf exp_nonpos(vf x) {
     typedef int32_t vi __attribute__((vector_size(4 * VW)));
     vf lowest;
     for (int i = 0; i < VW; i++) lowest[i] = -87.0f;
     vi below = x < lowest;
     x = (vf)(((vi)lowest & below) | ((vi)x & ~below));
+    vf k = x * 1.44269504088896341f;
 #if VW == 16
-    vf k = (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    k = (vf)_mm512_roundscale_ps((__m512)k, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__AVX__)
+    k = (vf)_mm256_round_ps((__m256)k, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 #else
-    vf k = (vf)_mm256_round_ps((__m256)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    for (int i = 0; i < VW; i++) k[i] = __builtin_rintf(k[i]); /* nearest even, the default mode */
 #endif
     vf r = x - k * 0.693359375f;
     r = r + k * 2.12194440e-4f;
@@ -226,14 +216,12 @@ static inline vf exp_nonpos_v(vf x) {
     vi bits = (__builtin_convertvector(k, vi) + 127) << 23;
     return p * (vf)bits;
 }
-#endif
 
 /* One query's softmax numerators in place: s[n] = e^(s[n] * scale - m) for n in [a, e), 0 elsewhere
  * in [0, padded) (a multiple of VW); returns their sum. Written on vectors of VW lanes, where GCC
  * had vectorised the scalar loop at half the register width on AVX-512 Intel builds; vectors wholly
  * outside [a, e) are zeroed without an exponential. */
 static inline float softmax_row(float *s, int64_t padded, int64_t a, int64_t e, float scale, float m) {
-#ifdef __AVX__
     typedef int32_t vi __attribute__((vector_size(4 * VW)));
     vf sum = {0};
     vi lane;
@@ -243,7 +231,7 @@ static inline float softmax_row(float *s, int64_t padded, int64_t a, int64_t e, 
         if (n + VW > a && n < e) {
             vf x;
             memcpy(&x, s + n, sizeof x);
-            p = exp_nonpos_v(x * scale - m);
+            p = exp_nonpos(x * scale - m);
             vi at = lane + (int32_t)n;
             p = (vf)((vi)p & ((at >= (int32_t)a) & (at < (int32_t)e)));
             sum += p;
@@ -253,16 +241,6 @@ static inline float softmax_row(float *s, int64_t padded, int64_t a, int64_t e, 
     float l = 0.0f;
     for (int i = 0; i < VW; i++) l += sum[i];
     return l;
-#else
-    float l = 0.0f;
-    for (int64_t n = 0; n < padded; n++) {
-        float p = exp_nonpos(s[n] * scale - m);
-        p = (n >= a && n < e) ? p : 0.0f;
-        s[n] = p;
-        l += p;
-    }
-    return l;
-#endif
 }
 
 /* scores[0:VW] = q . kf[0:VW] (kf: VW keys of D fp32, contiguous), VW independent chains */
