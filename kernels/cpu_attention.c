@@ -66,6 +66,20 @@ static inline void load_row(const void *base, int bf16, int64_t off, float *dst,
               * q.K and P.V accumulators (an fp32 decode step's attention 2.5x slower on a Zen 3) */
 #endif
 typedef float vf __attribute__((vector_size(4 * VW)));
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+/* a * b + c, rounded once where the CPU has FMA. Written out, not left to the compiler's
+ * contraction of `c += a * b`: GCC's tuning for AMD cores declines to fuse some chains of such
+ * adds, so the same expression rounded differently across paths that must agree bit for bit
+ * (dot_block against qk_tree's explicit fmadd, a row's P.V alone and beside others). */
+#if VW == 16
+#define fmadd(a, b, c) ((vf)_mm512_fmadd_ps((__m512)(a), (__m512)(b), (__m512)(c)))
+#elif defined(__FMA__)
+#define fmadd(a, b, c) ((vf)_mm256_fmadd_ps((__m256)(a), (__m256)(b), (__m256)(c)))
+#else
+#define fmadd(a, b, c) ((a) * (b) + (c)) /* no fused instruction: two roundings, wherever it is used */
+#endif
 /* Software prefetch: the hardware's streams alone kept a step at ~14 GB/s, half of what this
  * machine reads. While q.K reads a run of keys, the keys PREFETCH_KEYS ahead are requested, and
  * on the AMX build the values of the same keys too (into L2, for P.V). Without AMX (the bf16 build
@@ -190,9 +204,6 @@ static inline float row_max(const float *x, int64_t n) {
     return m;
 }
 
-#ifdef __AVX__
-#include <immintrin.h>
-#endif
 /* e^x lane by lane for x <= 0 (scores minus their row's maximum): Cody-Waite reduction (k
  * rounded to nearest even) and a degree-6 polynomial, within 2 ulp of expf, on VW lanes at once */
 static inline vf exp_nonpos(vf x) {
@@ -250,7 +261,7 @@ static inline void dot_block(const vf *q, const float *kf, float *scores) {
         for (int kk = 0; kk < VW; kk++) {
             vf k;
             memcpy(&k, kf + kk * D + c * VW, sizeof k);
-            a[kk] += q[c] * k;
+            a[kk] = fmadd(q[c], k, a[kk]);
         }
     vf r = sum_lanes(a);
     memcpy(scores, &r, sizeof r);
@@ -695,8 +706,8 @@ static inline __attribute__((always_inline)) void pv_f32(const float *vals, cons
                 memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
                 memcpy(&x1, vh + (n + 1) * DV + c * VW, sizeof x1);
                 for (int r = 0; r < nqb; r++) {
-                    a0[r][c] += p[r * padded + n] * x0;
-                    a1[r][c] += p[r * padded + n + 1] * x1;
+                    a0[r][c] = fmadd((vf){0} + p[r * padded + n], x0, a0[r][c]);
+                    a1[r][c] = fmadd((vf){0} + p[r * padded + n + 1], x1, a1[r][c]);
                 }
             }
         }
@@ -704,7 +715,7 @@ static inline __attribute__((always_inline)) void pv_f32(const float *vals, cons
             for (int c = 0; c < PV_VECS; c++) {
                 vf x0;
                 memcpy(&x0, vh + n * DV + c * VW, sizeof x0);
-                for (int r = 0; r < nqb; r++) a0[r][c] += p[r * padded + n] * x0;
+                for (int r = 0; r < nqb; r++) a0[r][c] = fmadd((vf){0} + p[r * padded + n], x0, a0[r][c]);
             }
         for (int r = 0; r < nqb; r++)
             for (int c = 0; c < PV_VECS; c++) {
@@ -779,6 +790,9 @@ static inline __attribute__((always_inline)) void attend_item(
             for (int64_t i = 0; i < rows; i++)
                 load_row(q, in_bf16, (start + i) * q_st + ((int64_t)g * group + hl) * q_sh, qs + (hl * rows + i) * D,
                          D);
+#if VW == 16
+    float kt[D * NB] __attribute__((aligned(64))); /* a block of fp32 keys transposed, for qk_tree */
+#endif
 #if AMX
     if (direct && amx) {
         uint16_t tail[16 * D] __attribute__((aligned(64)));
@@ -856,9 +870,6 @@ static inline __attribute__((always_inline)) void attend_item(
                 memset(s + m * padded + done, 0, sizeof(float) * (padded - done));
         }
     } else
-#endif
-#if VW == 16
-    float kt[D * NB] __attribute__((aligned(64))); /* a block of fp32 keys transposed, for qk_tree */
 #endif
     for (int64_t b = 0; b < span; b += NB) { /* q.K: each block of keys once, for every query */
         int64_t nb = span - b < NB ? span - b : NB;
