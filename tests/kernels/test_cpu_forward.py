@@ -76,9 +76,9 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
     plan, loop = lean._plan, lean.layer_loop
     cos = sin = torch.zeros(4, 16, dtype=torch.bfloat16)
     table = torch.zeros(2 * 3 + 4, 1, dtype=torch.int64)
-    with pytest.raises(ValueError, match=r"x must be contiguous bf16 \[T, 64\], got torch.float32"):
+    with pytest.raises(ValueError, match=r"x must be contiguous torch.bfloat16 \[T, 64\], got torch.float32"):
         loop.run(plan, torch.zeros(4, 64), cos, sin, table, torch.bfloat16, 0.25)
-    with pytest.raises(ValueError, match=r"cos must be bf16 \[4, 16\]"):
+    with pytest.raises(ValueError, match=r"cos must be torch.bfloat16 \[4, 16\]"):
         loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos[:3], sin, table, torch.bfloat16, 0.25)
     with pytest.raises(ValueError, match=r"table must be contiguous int64 \[2 \* layers \+ 4, S\]"):
         loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos, sin, table[:5], torch.bfloat16, 0.25)
