@@ -6,6 +6,7 @@ this module (the API does, to publish) pulls in neither torch nor the model.
 
 from __future__ import annotations
 
+import os
 import socket
 import uuid
 from queue import Empty
@@ -15,6 +16,7 @@ from typing import Callable, Iterable, Sequence
 from celery import Celery
 
 from structspec.config import Settings
+from structspec.db import bells
 from structspec.db.session import ensure_sqlite_dir
 
 RUN_JOBS = "structspec.run_jobs"
@@ -28,6 +30,12 @@ EMBEDDED_BROKER_POLL_S = 0.05  # seconds between the embedded broker's looks for
 # later (0.1 s on average), a few percent of a job's time there.
 EMBEDDED_BROKER_BUSY_POLL_S = 0.2
 _engine_busy: Callable[[], bool] = lambda: False
+# The embedded broker's file, for this process's doorbell (structspec/db/bells.py): a worker that
+# drains the queue binds one at its first look, and `enqueue` rings it, so a job published while
+# the worker waits between looks is seen at once rather than at the next look.
+_broker_url: str | None = None
+_bell: bells.Bell | None = None
+_bell_pid: int | None = None
 
 
 def report_engine_busy(probe: Callable[[], bool]) -> None:
@@ -35,6 +43,18 @@ def report_engine_busy(probe: Callable[[], bool]) -> None:
     running (worker/tasks.py, once its engine loop exists)."""
     global _engine_busy
     _engine_busy = probe
+
+
+def _pause(seconds: float) -> bool:
+    """Sleep `seconds` between two looks at the embedded broker, less if this process's doorbell
+    rings (a job was published); whether it rang."""
+    global _bell, _bell_pid
+    if _broker_url is not None and _bell_pid != os.getpid():  # first look in this process
+        _bell_pid, _bell = os.getpid(), bells.Bell.open(_broker_url, bells.WORKER)
+    if _bell is None or _broker_url is None:
+        sleep(seconds)
+        return False
+    return _bell.wait(seconds)
 
 
 def drain_polling_by_load(self, connection, timeout=None):
@@ -57,8 +77,7 @@ def drain_polling_by_load(self, connection, timeout=None):
                 raise socket.timeout()
             if now >= look_at:
                 break
-            sleep(min(EMBEDDED_BROKER_POLL_S, look_at - now))
-            if not _engine_busy():
+            if _pause(min(EMBEDDED_BROKER_POLL_S, look_at - now)) or not _engine_busy():
                 break
 
 
@@ -81,6 +100,8 @@ def make_celery(settings: Settings) -> Celery:
 
         sqla_transport.Transport.polling_interval = EMBEDDED_BROKER_POLL_S
         sqla_transport.Transport.drain_events = drain_polling_by_load
+        global _broker_url
+        _broker_url = settings.broker_url
     transport_options = {}
     if settings.broker_url.startswith(("redis", "rediss")):
         # An unacked message (its worker died) is redelivered after the job lease; a live worker
@@ -121,6 +142,7 @@ def enqueue(app: Celery, ids: Sequence[uuid.UUID], chunk_size: int | None = None
                                timeout=settings.submit_timeout_s)
         for chunk in chunks(ids, chunk_size or settings.job_chunk_size):
             app.send_task(RUN_JOBS, args=[chunk], queue=settings.job_queue, retry=False, connection=conn)
+    bells.ring(settings.broker_url, bells.WORKER)  # the embedded broker's workers look now (else: no-op)
 
 
 def queue_depth(app: Celery) -> int:

@@ -54,6 +54,7 @@ def clock(monkeypatch):
     monkeypatch.setattr(app_module, "monotonic", c.monotonic)
     monkeypatch.setattr(app_module, "sleep", c.sleep)
     monkeypatch.setattr(app_module, "_engine_busy", lambda: False)
+    monkeypatch.setattr(app_module, "_broker_url", None)  # no doorbell: the fake clock's sleep
     return c
 
 

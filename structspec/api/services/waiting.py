@@ -14,7 +14,8 @@ in a thread) when the event says the job may have changed. What sets the events:
 - **SQLite** (the embedded default, no NOTIFY): one poller per process reads, each `SQLITE_POLL_S`,
   the status and output length of every job a request waits on, in one query, and wakes the
   requests whose job changed. The cost is one small query per tick while anyone waits, however
-  many wait.
+  many wait. A worker on this machine that stores a job rings the process's doorbell
+  (structspec/db/bells.py), and the poller reads at once rather than at its next tick.
 
 Either way a waiter also re-reads its row after `SAFETY_S` without news (a lost notification
 costs at most that), and stops waiting when its deadline passes or its client disconnects.
@@ -33,6 +34,7 @@ import anyio
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, make_url
 
+from structspec.db.bells import API, Bell
 from structspec.db.jobs import JOB_CHANGES_CHANNEL
 from structspec.db.models import JobRecord
 from structspec.logs import preview
@@ -57,10 +59,22 @@ class JobWaiter:
         self._waiters: dict[uuid.UUID, set[asyncio.Event]] = {}
         self._task: asyncio.Task | None = None
         self.listening = False  # PostgreSQL: LISTEN is in place now
+        self._bell: Bell | None = None  # SQLite: rung by workers that store a job
+        self._rung: asyncio.Event | None = None
 
     # --- lifecycle (the app's startup and shutdown hooks) ---------------------------------------
 
     async def start(self) -> None:
+        if not self.postgres:
+            self._bell = Bell.open(self.database_url, API)
+            if self._bell is not None:
+                try:
+                    asyncio.get_running_loop().add_reader(self._bell.fileno(), self._on_ring)
+                    self._rung = asyncio.Event()
+                except (NotImplementedError, RuntimeError) as e:  # a loop without readers: poll alone
+                    log.debug("no job doorbell on this event loop: %s", e)
+                    self._bell.close()
+                    self._bell = None
         self._task = asyncio.create_task(self._listen() if self.postgres else self._poll(),
                                          name="job-waiter")
 
@@ -70,6 +84,10 @@ class JobWaiter:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        if self._bell is not None:
+            asyncio.get_running_loop().remove_reader(self._bell.fileno())
+            self._bell.close()
+            self._bell, self._rung = None, None
 
     # --- waiting ------------------------------------------------------------------------------
 
@@ -150,10 +168,23 @@ class JobWaiter:
 
     # --- SQLite: one poller -------------------------------------------------------------------
 
+    def _on_ring(self) -> None:
+        if self._bell is not None and self._bell.drain() and self._rung is not None:
+            self._rung.set()
+
+    async def _tick(self) -> None:
+        """SQLITE_POLL_S, or less if a worker rings."""
+        if self._rung is None:
+            await asyncio.sleep(SQLITE_POLL_S)
+            return
+        with anyio.move_on_after(SQLITE_POLL_S):
+            await self._rung.wait()
+        self._rung.clear()
+
     async def _poll(self) -> None:
         seen: dict[uuid.UUID, Any] = {}
         while True:
-            await asyncio.sleep(SQLITE_POLL_S)
+            await self._tick()
             ids = list(self._waiters)
             if not ids:
                 seen.clear()
