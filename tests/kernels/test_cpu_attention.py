@@ -9,8 +9,9 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 
+from kernels import native
 from kernels.attention import attention_reference
-from kernels.cpu_attention import load
+from kernels.cpu_attention import FLAGS, SOURCE, NativeAttention, load
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
 # (rows, past): decode rows, verification rows, a long context (several key blocks of 64)
@@ -110,14 +111,62 @@ def test_native_attention_honours_strides_scale_and_thread_counts():
     assert torch.equal(outs[0], outs[1])  # work items are independent: the thread count changes nothing
 
 
+def cpu_has(flag: str) -> bool:
+    return flag in native.cpu_flags().split()
+
+
+# Builds of the kernel other than this CPU's own (-march=native plus these flags), that run here:
+# what other hosts compile. The same source once broke the bit agreement below on a Zen 4 only,
+# where GCC's AMD tuning left a product unfused that Intel's tuning fused.
+OTHER_BUILDS = {
+    "other vendor's tuning": (lambda: ("-mtune=skylake-avx512",) if "AuthenticAMD" in vendor() else ("-mtune=znver3",),
+                              lambda: None),
+    "AVX2 build": (lambda: ("-mno-avx512f",),
+                   lambda: None if cpu_has("avx512f") else "this CPU has no AVX-512: its own build is the AVX2 one"),
+    "AVX-512 without bf16": (lambda: ("-mno-avx512bf16",),
+                             lambda: None if cpu_has("avx512_bf16") else "this CPU has no AVX512-BF16: its own build is it"),
+}
+
+
+def vendor() -> str:
+    from pathlib import Path
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")), "")
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """{name: library}: this CPU's own (`load`) and OTHER_BUILDS, built once per module."""
+    cache = tmp_path_factory.mktemp("attention-builds")
+    made = {}
+
+    def get(name):
+        if name not in made:
+            if name == "native":
+                made[name] = load(64, 64)
+            else:
+                flags, why_not = OTHER_BUILDS[name]
+                if (reason := why_not()) is not None:
+                    pytest.skip(reason)
+                path = native.build(SOURCE, FLAGS + ("-DHEAD_DIM=64", "-DVALUE_DIM=64") + flags(), cache)
+                made[name] = NativeAttention(path, 64, 64)
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("build", ["native", *OTHER_BUILDS])
 @pytest.mark.parametrize("dtype, kv_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16)])
 @pytest.mark.parametrize("heads, kv_heads", [(9, 3), (14, 2)])
-def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype, kv_dtype, heads, kv_heads):
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype, kv_dtype, heads, kv_heads, build, builds):
     """A 70-row chunk (items of 64 and 6 rows), then each of its rows again in pieces of 1, 2 and
     5 rows over the same keys: every row's output is the same bits however it was grouped. On a
     CPU with AVX512-BF16 the bf16 q.K puts queries in the lanes for big items and keys for small
     ones (cpu_attention.c: qk_queries, qk_keys); both must give a score the same bits, or a
-    sequence's prefill and decoding would depend on its batch."""
+    sequence's prefill and decoding would depend on its batch. Also for the builds other CPUs
+    get that run on this one (OTHER_BUILDS)."""
     gen = torch.Generator().manual_seed(3)
     past, total, dim = 37, 70, 64
     cap = past + total + 4
@@ -126,7 +175,7 @@ def test_a_rows_result_does_not_depend_on_the_rows_beside_it(dtype, kv_dtype, he
     q = torch.randn(total, heads, dim, generator=gen).to(dtype)
     k = torch.randn(total, kv_heads, dim, generator=gen).to(dtype)
     v = torch.randn(total, kv_heads, dim, generator=gen).to(dtype)
-    lib = load(dim, dim)
+    lib = builds(build)
 
     def attend(first: int, rows: int) -> torch.Tensor:
         table = torch.tensor([[key_buf.data_ptr()], [value_buf.data_ptr()], [0], [rows], [past + first], [cap]],
