@@ -115,7 +115,8 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan]]], rows: list[dic
 
 def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens: int, threads: int,
                env: dict[str, str]) -> dict[str, tuple]:
-    """(seconds, output tokens, values, outputs) of each server mode over every row: a real API
+    """(seconds, output tokens, values, outputs, engine seconds: the jobs' prefill + decode as the
+    worker timed them) of each server mode over every row: a real API
     server and worker (bench/load.py's Service: SQLite and the embedded broker, the default
     settings but `env`), the rows' one schema registered, the worker's selector warmed up on
     `warm` one job at a time (it loads the model then: excluded), then the timed rows as one
@@ -147,8 +148,10 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
             s = time.perf_counter() - t
         tokens = [((x.get("stats") or {}).get("output_tokens") or 0) for x in lines]
         values = [x.get("result") if x.get("status") == "succeeded" else None for x in lines]
+        engine_s = sum((x.get("timings") or {}).get(k) or 0.0 for x in lines for k in ("prefill_s", "decode_s"))
         out[mode] = (s, sum(tokens), values, [{"text": json.dumps(v) if v is not None else None, "tokens": n,
-                                               "status": x.get("status")} for v, n, x in zip(values, tokens, lines)])
+                                               "status": x.get("status")} for v, n, x in zip(values, tokens, lines)],
+                     engine_s)
         say(f"{s:.1f} s")
     return out
 
@@ -284,9 +287,14 @@ def main(argv: list[str] | None = None) -> int:
         report["systems"][f"structspec {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
                                                    "outputs": outputs}
     for mode in server_before:
-        (s1, tok, *_), (s2, _, values, outputs) = server_before[mode], server_after[mode]
+        (s1, tok, *_, e1), (s2, _, values, outputs, e2) = server_before[mode], server_after[mode]
         report["systems"][f"structspec server {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
                                                           "outputs": outputs}
+        if mode == "one":  # one job at a time: the wall time not spent in the worker's engine is the path's own
+            report["systems"][f"structspec server {mode}"]["outside_engine"] = {
+                "engine_seconds": [round(e1, 2), round(e2, 2)],
+                "share_of_wall": round(1 - (e1 + e2) / (s1 + s2), 4),
+                "per_job_ms": round(((s1 - e1) + (s2 - e2)) / (2 * n) * 1000, 1)}
     for mode, res in vllm.items():
         m = res["modes"][mode]
         values = [parse(o["text"]) for o in m["outputs"]]
@@ -297,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"peer-{Path(args.dataset).stem}.json").write_text(json.dumps(report, indent=1))
     print(table(report))
+    if (outside := report["systems"].get("structspec server one", {}).get("outside_engine")) is not None:
+        print(f"server one: {outside['share_of_wall']:.1%} of its wall time outside the worker's engine "
+              f"({outside['per_job_ms']} ms a job: HTTP, queue, database; the engine's prefill + decode "
+              f"{', '.join(map(str, outside['engine_seconds']))} s)")
     return 0
 
 
