@@ -1,19 +1,15 @@
 """Doorbells between processes sharing a SQLite file (structspec/db/bells.py): a ring wakes the
-bells of its role, a gone bell is cleared, other databases have none; the embedded broker's
-poll and the API's job waiter look at once when rung. The polls are set to 30 s here, so a
-ring that did not wake them would show as a wait of that length."""
+bells of its role, a gone bell is cleared, other databases have none; the API's job waiter
+reads at once when rung (the embedded broker's poll: tests/unit/test_broker_poll.py). The poll
+is set to 30 s here, so a ring that did not wake it would show as a wait of that length."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 import uuid
-from queue import Empty
 
 import pytest
 
-import worker.app as app_module
 from structspec.api.services import waiting
 from structspec.api.services.waiting import JobWaiter
 from structspec.db import bells
@@ -56,48 +52,6 @@ def test_no_bells_beside_other_databases_or_where_the_path_is_too_long(tmp_path)
     deep = tmp_path / ("d" * 120)
     assert bells.Bell.open(f"sqlite:///{deep / 'x.db'}", bells.API) is None  # polls alone
     assert bells.bells_dir(f"sqla+sqlite:///{tmp_path / 'broker.db'}") == tmp_path / "broker.db.bells"
-
-
-class Transport:
-    """kombu's virtual Transport as drain_events uses it, on the real clock."""
-
-    def __init__(self):
-        self.message, self.delivered, self.looks = None, [], 0
-        self.cycle = self
-
-    def get(self, callback, timeout=None):
-        self.looks += 1
-        if self.message is None:
-            raise Empty()
-        callback(self.message, "q")
-        self.message = None
-
-    def _deliver(self, message, queue):
-        self.delivered.append(message)
-
-
-def test_the_embedded_broker_looks_at_once_when_a_job_is_published(tmp_path, monkeypatch):
-    url = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
-    monkeypatch.setattr(app_module, "EMBEDDED_BROKER_POLL_S", LONG_POLL)
-    monkeypatch.setattr(app_module, "_engine_busy", lambda: False)
-    monkeypatch.setattr(app_module, "_broker_url", url)
-    monkeypatch.setattr(app_module, "_bell_pid", None)
-    monkeypatch.setattr(app_module, "_bell", None)  # this test's bell is gone after it
-    t = Transport()
-
-    def publish():
-        time.sleep(0.2)
-        t.message = "job"
-        assert bells.ring(url, bells.WORKER) == 1
-
-    threading.Thread(target=publish).start()
-    start = time.monotonic()
-    try:
-        app_module.drain_polling_by_load(t, None, timeout=2 * LONG_POLL)
-    finally:
-        app_module._bell.close()
-    assert t.delivered == ["job"] and t.looks == 2
-    assert time.monotonic() - start < LONG_POLL / 2
 
 
 def test_the_job_waiter_reads_at_once_when_a_worker_rings(tmp_path, monkeypatch):

@@ -5,11 +5,14 @@ busy, at once when it goes idle; a message ends the wait; the timeout is kept. O
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from queue import Empty
 
 import pytest
 
 import worker.app as app_module
+from structspec.db import bells
 from worker.app import EMBEDDED_BROKER_BUSY_POLL_S, EMBEDDED_BROKER_POLL_S, drain_polling_by_load
 
 
@@ -93,3 +96,35 @@ def test_the_embedded_broker_uses_it(tmp_path):
 
     make_celery(Settings(broker_url=f"sqla+sqlite:///{tmp_path}/broker.sqlite"))
     assert sqla_transport.Transport.drain_events is drain_polling_by_load
+
+
+class RealClock:
+    @property
+    def now(self):
+        return time.monotonic()
+
+
+def test_a_ring_makes_it_look_at_once(tmp_path, monkeypatch):
+    """With its doorbell (structspec/db/bells.py), on the real clock: a job published during a
+    30 s wait between looks is seen at once, not at the next look."""
+    url = f"sqla+sqlite:///{tmp_path / 'broker.db'}"
+    monkeypatch.setattr(app_module, "EMBEDDED_BROKER_POLL_S", 30.0)
+    monkeypatch.setattr(app_module, "_engine_busy", lambda: False)
+    monkeypatch.setattr(app_module, "_broker_url", url)
+    monkeypatch.setattr(app_module, "_bell_pid", None)
+    monkeypatch.setattr(app_module, "_bell", None)  # this test's bell is gone after it
+    t = Transport(RealClock())
+
+    def publish():
+        time.sleep(0.2)
+        t.message = "job"
+        assert bells.ring(url, bells.WORKER) == 1
+
+    threading.Thread(target=publish).start()
+    start = time.monotonic()
+    try:
+        drain_polling_by_load(t, None, timeout=60.0)
+    finally:
+        app_module._bell.close()
+    assert t.delivered == ["job"] and len(t.looks) == 2
+    assert time.monotonic() - start < 15.0
