@@ -79,3 +79,22 @@ def test_the_job_waiter_reads_at_once_when_a_worker_rings(tmp_path, monkeypatch)
         assert waiter._bell is None and not list(bells.bells_dir(url).iterdir())
 
     asyncio.run(main())
+
+
+def test_a_streamed_jobs_written_text_rings_the_api(tmp_path):
+    """worker/progress.py rings the API's bells after each write of streamed text, so a streaming
+    request reads the new pieces at once."""
+    from structspec.db import migrate
+    from structspec.db.session import make_session_factory
+    from worker.progress import Pieces, ProgressWriter
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    migrate.upgrade(url)
+    api = bells.Bell.open(url, bells.API)
+    try:
+        pieces = Pieces()
+        pieces(b'{"a": ')
+        ProgressWriter().watch(make_session_factory(make_engine(url)), uuid.uuid4(), "token", pieces)
+        assert api.wait(LONG_POLL)
+    finally:
+        api.close()
