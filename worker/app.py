@@ -26,8 +26,9 @@ EMBEDDED_BROKER_POLL_S = 0.05  # seconds between the embedded broker's looks for
 # ... while this process's engine is running requests. Each look is ~3 ms of Python (an SQL query
 # through SQLAlchemy) in the worker's main thread, which holds the GIL the engine's thread needs
 # between its C calls: at 0.05 s the looks took ~5% of a core during a bulk batch on a 2-core CPU
-# (docs/benchmarks.md). A job that comes while the engine is busy joins its batch up to this much
-# later (0.1 s on average), a few percent of a job's time there.
+# (docs/benchmarks.md). A job published through `enqueue` rings this process's doorbell and is
+# seen at once either way; without a ring (no bell here, another publisher) it joins the batch up
+# to this much later (0.1 s on average), a few percent of a job's time there.
 EMBEDDED_BROKER_BUSY_POLL_S = 0.2
 _engine_busy: Callable[[], bool] = lambda: False
 # The embedded broker's file, for this process's doorbell (structspec/db/bells.py): a worker that
