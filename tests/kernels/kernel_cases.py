@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -18,6 +19,21 @@ LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # (conftest.py: compiled kernels) the GPU. Batches are built on the CPU and moved by the tests'
 # run helpers, so the oracles and generators stay on the CPU.
 DEVICE = torch.device("cuda" if os.environ.get("STRUCTSPEC_KERNEL_TESTS") == "cuda" else "cpu")
+
+
+def _cpuinfo(field: str) -> str:
+    """The first value of `field` in /proc/cpuinfo ("" where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+CPU_FLAGS = frozenset(_cpuinfo("flags").split())  # this CPU's features, for the native kernels' tests
+CPU_VENDOR = _cpuinfo("vendor_id")  # GenuineIntel, AuthenticAMD
 
 
 def on_device(tensors) -> list:

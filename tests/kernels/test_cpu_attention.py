@@ -7,7 +7,7 @@ import logging
 
 import pytest
 import torch
-from kernel_cases import DEVICE
+from kernel_cases import CPU_FLAGS, CPU_VENDOR, DEVICE
 
 from kernels import native
 from kernels.attention import attention_reference
@@ -111,29 +111,18 @@ def test_native_attention_honours_strides_scale_and_thread_counts():
     assert torch.equal(outs[0], outs[1])  # work items are independent: the thread count changes nothing
 
 
-def cpu_has(flag: str) -> bool:
-    return flag in native.cpu_flags().split()
-
-
 # Builds of the kernel other than this CPU's own (-march=native plus these flags), that run here:
-# what other hosts compile. The same source once broke the bit agreement below on a Zen 4 only,
-# where GCC's AMD tuning left a product unfused that Intel's tuning fused.
+# what other hosts compile; (flags, why it is not run here or None). The same source once broke
+# the bit agreement below on a Zen 4 only, where GCC's AMD tuning left a product unfused that
+# Intel's tuning fused.
 OTHER_BUILDS = {
-    "other vendor's tuning": (lambda: ("-mtune=skylake-avx512",) if "AuthenticAMD" in vendor() else ("-mtune=znver3",),
-                              lambda: None),
-    "AVX2 build": (lambda: ("-mno-avx512f",),
-                   lambda: None if cpu_has("avx512f") else "this CPU has no AVX-512: its own build is the AVX2 one"),
-    "AVX-512 without bf16": (lambda: ("-mno-avx512bf16",),
-                             lambda: None if cpu_has("avx512_bf16") else "this CPU has no AVX512-BF16: its own build is it"),
+    "other vendor's tuning": (("-mtune=skylake-avx512",) if CPU_VENDOR == "AuthenticAMD" else ("-mtune=znver3",),
+                              None),
+    "AVX2 build": (("-mno-avx512f",),
+                   None if "avx512f" in CPU_FLAGS else "this CPU has no AVX-512: its own build is the AVX2 one"),
+    "AVX-512 without bf16": (("-mno-avx512bf16",),
+                             None if "avx512_bf16" in CPU_FLAGS else "this CPU has no AVX512-BF16: its own build is it"),
 }
-
-
-def vendor() -> str:
-    from pathlib import Path
-    try:
-        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("vendor_id")), "")
-    except OSError:
-        return ""
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +137,9 @@ def builds(tmp_path_factory):
                 made[name] = load(64, 64)
             else:
                 flags, why_not = OTHER_BUILDS[name]
-                if (reason := why_not()) is not None:
-                    pytest.skip(reason)
-                path = native.build(SOURCE, FLAGS + ("-DHEAD_DIM=64", "-DVALUE_DIM=64") + flags(), cache)
+                if why_not is not None:
+                    pytest.skip(why_not)
+                path = native.build(SOURCE, FLAGS + ("-DHEAD_DIM=64", "-DVALUE_DIM=64") + flags, cache)
                 made[name] = NativeAttention(path, 64, 64)
         return made[name]
 
@@ -249,11 +238,8 @@ def test_bf16_q_k_runs_on_the_matrix_units_where_the_cpu_has_them_with_the_same_
     """On a CPU with AMX (and AVX512-BF16) the bf16 path's q.K runs on the tiles: each thread
     configures them for the call (oneDNN's GEMMs on the same threads configure their own), so
     1 and 2 threads, and rows of up to 16 or more queries an item, agree with the reference."""
-    from pathlib import Path
-
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     lib = load(64, 64)
-    if "amx_bf16" in flags and "avx512_bf16" in flags:
+    if {"amx_bf16", "avx512_bf16"} <= CPU_FLAGS:
         assert lib.amx, "this CPU has AMX but the attention does not use it (did the OS refuse the tiles?)"
     else:
         assert not lib.amx

@@ -5,26 +5,18 @@ from __future__ import annotations
 
 import copy
 import logging
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_cases import DEVICE, pack_bitmask
+from kernel_cases import CPU_FLAGS, DEVICE, pack_bitmask
 
 from kernels.cpu_linear import load
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
-FLAGS = cpu_flags()
+FLAGS = CPU_FLAGS
 HAS_KERNEL = "avx512f" in FLAGS or {"avx2", "fma"} <= FLAGS  # the fp32 kernel: AVX-512F, or AVX2 with FMA
 HAS_DPBF16 = "avx512_bf16" in FLAGS
 # the engine picks the kernel for bf16 on CPUs with AVX512-BF16 and without AMX, and for fp32 on
