@@ -21,6 +21,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import sqlalchemy as sa
 from litestar.testing import TestClient
 
 from conftest import REDIS_URL, postgres_database, require_url
@@ -29,6 +30,9 @@ from jobs_helpers import query, TINY_SCHEMA, Worker, build_tiny_model, poll
 from structspec.api.app import create_app
 from structspec.config import Settings
 from structspec.db import migrate
+from structspec.db.columns import utcnow
+from structspec.db.jobs import JobRepository
+from structspec.db.models import JobRecord
 
 STACKS = ["embedded", "redis-postgresql"]
 WEBHOOKS = {"webhook_hosts": "127.0.0.1", "webhook_secret": "stack-secret"}  # test_a_batch_webhook_...
@@ -238,6 +242,35 @@ def test_batch_of_50_returns_valid_results_in_input_order(stack):
     rows = stack.rows("SELECT completions FROM jobs WHERE batch_id = :b",
                       b=bid.hex if "sqlite" in stack.settings.database_url else bid)
     assert len(rows) == 50 and {c for (c,) in rows} == {1}
+
+
+def test_a_batch_long_poll_sees_a_job_that_ends_between_its_two_reads(stack, monkeypatch):
+    """The long poll reads the batch's counts and one unfinished job in two statements (two
+    snapshots). A job stored between them must not make it answer "unfinished" at once for a
+    batch that has ended: here the batch's one job ends right after the counts are read, and
+    the answer must be the finished batch (once answered with `running` and no finished_at)."""
+    stack.worker.stop()
+    try:
+        bid = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id,
+                                                     "documents": [{"id": 0, "document": "a race"}]}).json()["id"]
+        real_counts, ended = JobRepository.counts, []
+
+        def counts_then_the_job_ends(repo, batch_id):
+            out = real_counts(repo, batch_id)
+            if not ended:  # a worker storing the job between the two reads
+                with repo.session.get_bind().begin() as conn:
+                    conn.execute(sa.update(JobRecord).where(JobRecord.batch_id == batch_id)
+                                 .values(status="cancelled", finished_at=utcnow()))
+                ended.append(batch_id)
+            return out
+
+        monkeypatch.setattr(JobRepository, "counts", counts_then_the_job_ends)
+        t = time.monotonic()
+        batch = stack.client.get(f"/v1/batches/{bid}?wait=20").json()
+        assert ended and batch["finished_at"] is not None and batch["counts"]["cancelled"] == 1, batch
+        assert time.monotonic() - t < 10  # woken by the job's end, not the deadline
+    finally:
+        stack.worker.start()
 
 
 def test_a_batch_long_poll_answers_at_its_deadline_while_unfinished_and_as_soon_as_it_ends(stack):

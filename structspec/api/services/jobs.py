@@ -384,12 +384,17 @@ class JobService:
             return to_batch_read(batch, counts, latest)
 
     def _batch_and_pending(self, batch_id: str) -> tuple[BatchRead, uuid.UUID | None]:
-        """The batch as get_batch reads it, and one of its unfinished jobs (None: none left)."""
+        """The batch as get_batch reads it, and one of its unfinished jobs (None: none left).
+        The two reads are separate snapshots (SQLite without BEGIN, PostgreSQL's read committed),
+        so the unfinished job is read first: a job that ends between them then shows in the
+        counts, whereas counts read first could be older than a None and answer "unfinished"
+        for a batch that has ended."""
         with self.session_factory() as session:
             batch = self._batch(session, batch_id)
             repo = JobRepository(session)
+            pending = repo.one_unfinished(batch.id)
             counts, latest = repo.counts(batch.id)
-            return to_batch_read(batch, counts, latest), repo.one_unfinished(batch.id)
+            return to_batch_read(batch, counts, latest), pending
 
     async def wait_batch(self, waiter: JobWaiter, batch_id: str, seconds: float) -> BatchRead:
         """The batch once finished, or as it is after `seconds`. The wait holds no thread: it
