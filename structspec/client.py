@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
+from time import sleep
 import uuid
 from pathlib import Path
 from typing import Any
@@ -82,7 +82,7 @@ class Client:
             wait = min(wait, MAX_PAUSE_S)
             print(f"structspec: {method} {path}: {why}; trying again in {wait:g} s "
                   f"(attempt {attempt + 1} of {self.retries + 1})", file=sys.stderr, flush=True)
-            time.sleep(wait)
+            sleep(wait)
             pause *= 2
         if r.status_code >= 400:
             raise ClientError(f"{method} {path}: {r.status_code} {_problem(r)}")
@@ -127,7 +127,7 @@ def submit(client: Client, schema_id: str, documents: list[tuple[str, str]], opt
                         done[job["id"]] = current
                         bar.update(1)
             if len(done) < len(jobs):
-                time.sleep(poll_s)
+                sleep(poll_s)
     failed = 0
     for (path, _), job in zip(documents, jobs):
         res = done[job["id"]]

@@ -33,7 +33,7 @@ def error(status: int, detail: str, headers: dict | None = None) -> httpx.Respon
 @pytest.fixture(autouse=True)
 def no_sleep(monkeypatch):
     pauses: list[float] = []
-    monkeypatch.setattr(client_module.time, "sleep", pauses.append)
+    monkeypatch.setattr(client_module, "sleep", pauses.append)  # the client's own, not time.sleep: other threads sleep too
     return pauses
 
 
