@@ -30,8 +30,9 @@ from structspec.stats.selector import PROPOSING, Selector, SelectorConfig
 AUTO = "auto"
 
 
-def arm_name(strategy: str, draft_len: int) -> str:
-    return strategy if strategy in ("none", AUTO) else f"{strategy}:{draft_len}"
+def arm_name(strategy: str | None, draft_len: int | None) -> str:
+    """How every report spells an arm: `none` (or `auto`) alone, a proposing one as `schema:8`."""
+    return str(strategy) if strategy in ("none", AUTO, None) else f"{strategy}:{draft_len}"
 
 
 def summarize(records: list[dict], arm: str) -> dict:

@@ -49,6 +49,7 @@ from pathlib import Path
 import torch
 
 from structspec.bench import batch_report as rep
+from structspec.bench.auto import arm_name
 from structspec.bench.load import Service, _count, _epoch, fire, poll_until_finished
 from structspec.bench.passes import pass_shapes
 from structspec.bench.receipts import RECEIPT_SCHEMA, receipt_rows, receipts
@@ -91,8 +92,7 @@ class Plan:
 
     @property
     def arm(self) -> str:
-        o = self.options
-        return o.strategy if o.strategy == "none" else f"{o.strategy}:{o.draft_len}"
+        return arm_name(self.options.strategy, self.options.draft_len)
 
 
 class AutoPicker:

@@ -45,6 +45,7 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
+from structspec.bench.auto import arm_name
 from structspec.bench.batch import AutoPicker, Plan, fixed_plans
 from structspec.bench.bound import PREFILL_SHAPE, chip, gemm_gflops, memory_gbps
 from structspec.bench.receipts import receipt_rows
@@ -116,7 +117,7 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan] | Callable[[Engin
         out[mode] = (s, sum(r.stats.output_tokens for r in results),
                      [r.value if r.status == "succeeded" else None for r in results],
                      [{"text": r.text, "tokens": r.stats.output_tokens, "status": r.status,
-                       "arm": f"{r.stats.strategy}:{r.stats.draft_len}"} for r in results])
+                       "arm": arm_name(r.stats.strategy, r.stats.draft_len)} for r in results])
         print(f"structspec {mode}: {s:.1f} s", file=sys.stderr, flush=True)
     return out
 
@@ -157,7 +158,7 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
         tokens = [((x.get("stats") or {}).get("output_tokens") or 0) for x in lines]
         values = [x.get("result") if x.get("status") == "succeeded" else None for x in lines]
         engine_s = sum((x.get("timings") or {}).get(k) or 0.0 for x in lines for k in ("prefill_s", "decode_s"))
-        arms = [f"{(x.get('stats') or {}).get('strategy')}:{(x.get('stats') or {}).get('draft_len')}" for x in lines]
+        arms = [arm_name((x.get("stats") or {}).get("strategy"), (x.get("stats") or {}).get("draft_len")) for x in lines]
         out[mode] = (s, sum(tokens), values, [{"text": json.dumps(v) if v is not None else None, "tokens": n,
                                                "status": x.get("status"), "arm": arm}
                                               for v, n, x, arm in zip(values, tokens, lines, arms)],

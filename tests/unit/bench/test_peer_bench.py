@@ -32,3 +32,27 @@ def test_bad_arguments_are_named(argv, message, capsys):
     with pytest.raises(SystemExit):
         peer.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_each_output_spells_its_arm_as_the_plans_do():
+    """The JSON's `auto_arms` (Plan.arm) and each output's `arm` (from the engine's stats) name an
+    arm the same way, `none` without a k, so the two can be counted together."""
+    from types import SimpleNamespace
+
+    from structspec.bench.batch import Plan
+    from structspec.options import RequestOptions
+
+    plans = [Plan(RequestOptions(strategy="none", draft_len=0)), Plan(RequestOptions(strategy="schema", draft_len=8))]
+
+    class Engine:
+        def clear_prefix_cache(self):
+            pass
+
+        def run(self, requests):
+            return [SimpleNamespace(value={}, status="succeeded", text="{}",
+                                    stats=SimpleNamespace(output_tokens=2, strategy=r.options.strategy,
+                                                          draft_len=r.options.draft_len)) for r in requests]
+
+    rows = [{"schema": {"type": "object"}, "text": "a"}, {"schema": {"type": "object"}, "text": "b"}]
+    out = peer.run_structspec({"batched fixed": (Engine(), plans)}, rows)
+    assert [o["arm"] for o in out["batched fixed"][3]] == [p.arm for p in plans] == ["none", "schema:8"]
