@@ -327,7 +327,8 @@ def run_batch(svc: Service, schema_id: str, docs: list[str], options: dict) -> d
         if time.monotonic() > svc.deadline:
             break
     lines = [json.loads(x) for x in svc.http.get(f"/v1/batches/{batch_id}/results").text.splitlines() if x.strip()]
-    return {"submitted": len(docs), "errors": len(docs) - b["total"], "first_submit": t0, "results": lines,
+    return {"batch_id": batch_id, "submitted": len(docs), "errors": len(docs) - b["total"], "first_submit": t0,
+            "results": lines,
             "last_finish": _epoch(b["finished_at"]) if b.get("finished_at") else None,
             "statuses": {k: v for k, v in b["counts"].items() if v}, "stats": [x.get("stats") or {} for x in lines],
             "error_samples": [x.get("error") for x in lines if x.get("error")][:3]}

@@ -236,6 +236,25 @@ class Service:
             return job
         return poll_until_finished(self.http, [job["id"]], self.deadline, self.children.check, interval=0.5)[job["id"]]
 
+    def job_spans(self, batch_id: str) -> list[tuple[float, float]]:
+        """(started, finished) as epoch seconds of each finished job of a batch, as the worker
+        stamped them in the service's database (the API reports when a job ended, not when it began)."""
+        import sqlalchemy as sa
+
+        from structspec.config import Settings
+        from structspec.db.models import JobRecord
+        from structspec.db.session import make_engine
+
+        engine = make_engine(Settings.from_env(self.env).database_url)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.select(JobRecord.started_at, JobRecord.finished_at).where(
+                    JobRecord.batch_id == uuid.UUID(batch_id), JobRecord.started_at.is_not(None),
+                    JobRecord.finished_at.is_not(None)))
+                return [(started.timestamp(), finished.timestamp()) for started, finished in rows]
+        finally:
+            engine.dispose()
+
     def __exit__(self, *exc) -> None:
         self.say("stopping the worker and the API")
         if self.http is not None:

@@ -23,7 +23,11 @@ so drift of this noisy machine shows as the spread between them; the server mode
 and last (a fresh server + worker each time), while this process holds no engine. Reported per mode:
 documents/min, output tokens/s, schema-valid results and field accuracy against the gold
 values (receipts carry them; DeepJSONEval carries its own). In the same run, the bound
-(bench/bound.py): memory bandwidth and GEMM rates, and the weights' read time.
+(bench/bound.py): memory bandwidth and GEMM rates, and the weights' read time; with `one auto`,
+prefill alone (the batch at max_tokens 1), which bounds what batching can gain over one at a
+time. Each server mode reports the share of its wall time outside the worker's engine (a
+batch's split at the worker's own start and end stamps: before its first job, the engine's span,
+after its last).
 
 This is a benchmark, not a test: run it alone.
 """
@@ -124,8 +128,10 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan] | Callable[[Engin
 
 def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens: int, threads: int,
                env: dict[str, str]) -> dict[str, tuple]:
-    """(seconds, output tokens, values, outputs, engine seconds: the jobs' prefill + decode as the
-    worker timed them) of each server mode over every row: a real API
+    """(seconds, output tokens, values, outputs, where the time went) of each server mode over every
+    row; where the time went: `engine_s`, the worker's engine time (one: the jobs' prefill +
+    decode as the worker timed them; batch: from the first job's start to the last one's end,
+    with the seconds before and after that span). A real API
     server and worker (bench/load.py's Service: SQLite and the embedded broker, the default
     settings but `env`), the rows' one schema registered, the worker's selector warmed up on
     `warm` one job at a time (it loads the model then: excluded), then the timed rows as one
@@ -150,21 +156,35 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
                 svc.run_one(schema_id, row["text"], options)
             t = time.perf_counter()
             if mode == "batch":
-                lines = sorted(run_batch(svc, schema_id, [row["text"] for row in rows], options)["results"],
-                               key=lambda x: x["id"])
+                run = run_batch(svc, schema_id, [row["text"] for row in rows], options)
+                ended = time.time()
+                lines = sorted(run["results"], key=lambda x: x["id"])
+                path = batch_path(run["first_submit"], ended, svc.job_spans(run["batch_id"]))
             else:
                 lines = [svc.run_one(schema_id, row["text"], options) for row in rows]
             s = time.perf_counter() - t
         tokens = [((x.get("stats") or {}).get("output_tokens") or 0) for x in lines]
         values = [x.get("result") if x.get("status") == "succeeded" else None for x in lines]
-        engine_s = sum((x.get("timings") or {}).get(k) or 0.0 for x in lines for k in ("prefill_s", "decode_s"))
+        if mode != "batch":
+            path = {"engine_s": sum((x.get("timings") or {}).get(k) or 0.0 for x in lines
+                                    for k in ("prefill_s", "decode_s"))}
         arms = [arm_name((x.get("stats") or {}).get("strategy"), (x.get("stats") or {}).get("draft_len")) for x in lines]
         out[mode] = (s, sum(tokens), values, [{"text": json.dumps(v) if v is not None else None, "tokens": n,
                                                "status": x.get("status"), "arm": arm}
                                               for v, n, x, arm in zip(values, tokens, lines, arms)],
-                     engine_s)
+                     path)
         say(f"{s:.1f} s")
     return out
+
+
+def batch_path(submitted: float, ended: float, spans: list[tuple[float, float]]) -> dict:
+    """Where a batch's wall time went (epoch seconds): before the worker started its first job
+    (the POST, publishing, the broker, the claim), the worker's engine from that start to its
+    last job's end, and after it (the client's long poll seeing the end, fetching the results)."""
+    if not spans:
+        return {"engine_s": 0.0, "before_s": None, "after_s": None}
+    first, last = min(s for s, _ in spans), max(f for _, f in spans)
+    return {"engine_s": last - first, "before_s": first - submitted, "after_s": ended - last}
 
 
 def free_memory(model: weakref.ref) -> None:
@@ -286,10 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     for d, size in (("float32", 4), ("bfloat16", 2)):
         bound["weight_read_ms"][d] = round(params * size / (bandwidth * 1e9) * 1000, 2)
 
+    # prefill alone bounds batched / one at a time (both pay it): measured beside the modes
+    prefill = [prefill_only(batched, rows)] if "one auto" in engines else []
     before = run_structspec(engines, rows)
     env = vllm_env(args.vllm_python, args.threads)
     vllm = {m: run_vllm(args.vllm_python, job, m, env) for m in vllm_modes}
     after = run_structspec(engines, rows)
+    if prefill:
+        prefill.append(prefill_only(batched, rows))
+        bound["prefill_only_s"] = [round(x, 2) for x in prefill]
     modes_run = list(engines)
     if server_modes:
         model = weakref.ref(loaded.model)
@@ -305,14 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         report["systems"][f"structspec {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
                                                    "outputs": outputs}
     for mode in server_before:
-        (s1, tok, *_, e1), (s2, _, values, outputs, e2) = server_before[mode], server_after[mode]
+        (s1, tok, *_, p1), (s2, _, values, outputs, p2) = server_before[mode], server_after[mode]
         report["systems"][f"structspec server {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
-                                                          "outputs": outputs}
-        if mode == "one":  # one job at a time: the wall time not spent in the worker's engine is the path's own
-            report["systems"][f"structspec server {mode}"]["outside_engine"] = {
-                "engine_seconds": [round(e1, 2), round(e2, 2)],
-                "share_of_wall": round(1 - (e1 + e2) / (s1 + s2), 4),
-                "per_job_ms": round(((s1 - e1) + (s2 - e2)) / (2 * n) * 1000, 1)}
+                                                          "outputs": outputs,
+                                                          "outside_engine": outside_engine(mode, [s1, s2], [p1, p2], n)}
     for mode, res in vllm.items():
         m = res["modes"][mode]
         values = [parse(o["text"]) for o in m["outputs"]]
@@ -321,13 +342,61 @@ def main(argv: list[str] | None = None) -> int:
                                              "load_and_warmup_s": m["load_and_warmup_s"], "version": res["vllm"],
                                              "outputs": m["outputs"]}
     args.out.mkdir(parents=True, exist_ok=True)
+    bound_line = batching_bound(report)
     (args.out / f"peer-{Path(args.dataset).stem}.json").write_text(json.dumps(report, indent=1))
     print(table(report))
-    if (outside := report["systems"].get("structspec server one", {}).get("outside_engine")) is not None:
-        print(f"server one: {outside['share_of_wall']:.1%} of its wall time outside the worker's engine "
-              f"({outside['per_job_ms']} ms a job: HTTP, queue, database; the engine's prefill + decode "
-              f"{', '.join(map(str, outside['engine_seconds']))} s)")
+    for mode in server_before:
+        print(outside_line(mode, report["systems"][f"structspec server {mode}"]["outside_engine"]))
+    if bound_line:
+        print(bound_line)
     return 0
+
+
+def prefill_only(engine: Engine, rows: list[dict]) -> float:
+    """Seconds for the batched engine to read every row's prompt and emit one token (`none`, cold
+    prefix cache, as run_structspec runs a mode): what a batch pays however fast it decodes."""
+    engine.clear_prefix_cache()
+    t = time.perf_counter()
+    engine.run([Request(r["schema"], r["text"], RequestOptions(strategy="none", max_tokens=1)) for r in rows])
+    return time.perf_counter() - t
+
+
+def batching_bound(report: dict) -> str | None:
+    """One at a time's time over prefill alone: the most batched can gain over one at a time
+    (both read every prompt), even were its decode free; None without both figures."""
+    prefill = report["bound"].get("prefill_only_s")
+    one = report["systems"].get("structspec one auto")
+    if not prefill or one is None:
+        return None
+    most = statistics.mean(one["seconds"]) / statistics.mean(prefill)
+    report["bound"]["batched_over_one_at_most"] = round(most, 2)
+    got = report["systems"].get("structspec batched auto")
+    now = "" if got is None else f"; batched auto is {got['docs_per_min'] / one['docs_per_min']:.2f}x one at a time"
+    return (f"prefill alone (the batch at max_tokens 1): {', '.join(map(str, prefill))} s, so batched can be at most "
+            f"{most:.2f}x one at a time here, were its decode free{now}")
+
+
+def outside_engine(mode: str, seconds: list[float], paths: list[dict], n: int) -> dict:
+    """The share of a server mode's wall time outside the worker's engine, over its runs (one: a
+    job's prefill + decode; batch: the span from the first job's start to the last one's end)."""
+    engine = [p["engine_s"] for p in paths]
+    out = {"engine_seconds": [round(e, 2) for e in engine], "share_of_wall": round(1 - sum(engine) / sum(seconds), 4)}
+    if mode == "one":
+        out["per_job_ms"] = round(sum(s - e for s, e in zip(seconds, engine)) / (len(seconds) * n) * 1000, 1)
+    else:
+        out["before_first_start_s"] = [None if p["before_s"] is None else round(p["before_s"], 3) for p in paths]
+        out["after_last_end_s"] = [None if p["after_s"] is None else round(p["after_s"], 3) for p in paths]
+    return out
+
+
+def outside_line(mode: str, o: dict) -> str:
+    engine = ", ".join(map(str, o["engine_seconds"]))
+    if mode == "one":
+        return (f"server one: {o['share_of_wall']:.1%} of its wall time outside the worker's engine "
+                f"({o['per_job_ms']} ms a job: HTTP, queue, database; the engine's prefill + decode {engine} s)")
+    return (f"server batch: {o['share_of_wall']:.1%} of its wall time outside the worker's engine (its first "
+            f"job's start to its last one's end: {engine} s; before it {o['before_first_start_s']} s: POST, "
+            f"queue, claim; after it {o['after_last_end_s']} s: the long poll's answer and the results)")
 
 
 def table(report: dict) -> str:

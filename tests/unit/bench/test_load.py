@@ -52,3 +52,38 @@ def test_documents_are_short_distinct_and_reproducible():
     docs = documents(200, seed=3)
     assert docs == documents(200, seed=3) and len(set(docs)) == 200
     assert all(40 < len(d) < 120 for d in docs)
+
+
+def test_a_service_reads_the_started_and_finished_times_of_its_batch_s_jobs(tmp_path):
+    """Service.job_spans: the worker's stamps of one batch's finished jobs, as epoch seconds
+    (bench.peer splits a batch's wall time with them); other batches and unfinished jobs left out."""
+    import uuid
+    from datetime import datetime, timezone
+
+    import sqlalchemy as sa
+
+    from structspec.bench.load import Service
+    from structspec.db.models import Base, BatchRecord, JobRecord
+
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    engine = sa.create_engine(url)  # no foreign keys enforced: the jobs' schema is not needed here
+    Base.metadata.create_all(engine)
+    mine, other, schema = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    at = lambda s: datetime.fromtimestamp(s, timezone.utc)  # noqa: E731
+
+    def job(batch, started, finished):
+        return {"id": uuid.uuid4(), "tenant": "t", "schema_id": schema, "batch_id": batch, "document": "d",
+                "options": {}, "started_at": started and at(started), "finished_at": finished and at(finished)}
+
+    with engine.begin() as conn:
+        for b in (mine, other):
+            conn.execute(sa.insert(BatchRecord), {"id": b, "tenant": "t", "total": 2, "options": {}})
+        conn.execute(sa.insert(JobRecord), [job(mine, 1000.5, 1003.0), job(mine, 1001.0, 1004.25),
+                                            job(mine, 1002.0, None), job(other, 900.0, 901.0)])
+    engine.dispose()
+    svc = Service(database_url=url)
+    try:
+        assert sorted(svc.job_spans(str(mine))) == [(1000.5, 1003.0), (1001.0, 1004.25)]
+    finally:
+        import shutil
+        shutil.rmtree(svc.data_dir, ignore_errors=True)

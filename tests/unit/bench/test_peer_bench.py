@@ -56,3 +56,28 @@ def test_each_output_spells_its_arm_as_the_plans_do():
     rows = [{"schema": {"type": "object"}, "text": "a"}, {"schema": {"type": "object"}, "text": "b"}]
     out = peer.run_structspec({"batched fixed": (Engine(), plans)}, rows)
     assert [o["arm"] for o in out["batched fixed"][3]] == [p.arm for p in plans] == ["none", "schema:8"]
+
+
+def test_a_batch_s_wall_time_splits_into_before_the_engine_the_engine_and_after():
+    # submitted at 100.0; jobs ran 100.5-103.0 and 101.0-104.0; the client had the results at 104.3
+    path = peer.batch_path(100.0, 104.3, [(100.5, 103.0), (101.0, 104.0)])
+    assert path == pytest.approx({"engine_s": 3.5, "before_s": 0.5, "after_s": 0.3})
+    assert peer.batch_path(100.0, 101.0, []) == {"engine_s": 0.0, "before_s": None, "after_s": None}
+
+    out = peer.outside_engine("batch", [4.3, 5.0], [path, {"engine_s": 4.5, "before_s": 0.3, "after_s": 0.2}], 2)
+    assert out["share_of_wall"] == pytest.approx(1 - 8.0 / 9.3, abs=1e-4)
+    assert out["before_first_start_s"] == [0.5, 0.3] and out["after_last_end_s"] == [0.3, 0.2]
+    assert "before it [0.5, 0.3] s" in peer.outside_line("batch", out)
+
+    one = peer.outside_engine("one", [10.0, 12.0], [{"engine_s": 9.0}, {"engine_s": 11.0}], 4)
+    assert one["per_job_ms"] == 250.0 and one["share_of_wall"] == pytest.approx(2 / 22, abs=1e-4)
+
+
+def test_prefill_alone_bounds_what_batching_can_gain_over_one_at_a_time():
+    report = {"bound": {"prefill_only_s": [9.0, 11.0]},
+              "systems": {"structspec one auto": {**system(60.0), "seconds": [30.0, 30.0]},
+                          "structspec batched auto": system(120.0)}}
+    line = peer.batching_bound(report)
+    assert report["bound"]["batched_over_one_at_most"] == 3.0
+    assert "at most 3.00x one at a time" in line and "batched auto is 2.00x one at a time" in line
+    assert peer.batching_bound({"bound": {}, "systems": report["systems"]}) is None
