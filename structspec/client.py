@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import re
 import sys
-from time import sleep
 import uuid
 from pathlib import Path
+from time import sleep
 from typing import Any
 
 import httpx

@@ -162,12 +162,11 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
                 path = batch_path(run["first_submit"], ended, svc.job_spans(run["batch_id"]))
             else:
                 lines = [svc.run_one(schema_id, row["text"], options) for row in rows]
+                path = {"engine_s": sum((x.get("timings") or {}).get(k) or 0.0 for x in lines
+                                        for k in ("prefill_s", "decode_s"))}
             s = time.perf_counter() - t
         tokens = [((x.get("stats") or {}).get("output_tokens") or 0) for x in lines]
         values = [x.get("result") if x.get("status") == "succeeded" else None for x in lines]
-        if mode != "batch":
-            path = {"engine_s": sum((x.get("timings") or {}).get(k) or 0.0 for x in lines
-                                    for k in ("prefill_s", "decode_s"))}
         arms = [arm_name((x.get("stats") or {}).get("strategy"), (x.get("stats") or {}).get("draft_len")) for x in lines]
         out[mode] = (s, sum(tokens), values, [{"text": json.dumps(v) if v is not None else None, "tokens": n,
                                                "status": x.get("status"), "arm": arm}
@@ -353,12 +352,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def prefill_only(engine: Engine, rows: list[dict]) -> float:
-    """Seconds for the batched engine to read every row's prompt and emit one token (`none`, cold
-    prefix cache, as run_structspec runs a mode): what a batch pays however fast it decodes."""
-    engine.clear_prefix_cache()
-    t = time.perf_counter()
-    engine.run([Request(r["schema"], r["text"], RequestOptions(strategy="none", max_tokens=1)) for r in rows])
-    return time.perf_counter() - t
+    """Seconds for the batched engine to read every row's prompt and emit one token (`none`, run
+    as a mode runs): what a batch pays however fast it decodes."""
+    return run_structspec({"prefill alone": (engine, fixed_plans("none", len(rows), 1))}, rows)["prefill alone"][0]
 
 
 def batching_bound(report: dict) -> str | None:
