@@ -30,6 +30,9 @@ EMBEDDED_BROKER_POLL_S = 0.05  # seconds between the embedded broker's looks for
 # seen at once either way; without a ring (no bell here, another publisher) it joins the batch up
 # to this much later (0.1 s on average), a few percent of a job's time there.
 EMBEDDED_BROKER_BUSY_POLL_S = 0.2
+# ... and where this process has its doorbell, which every publish through `enqueue` rings: the
+# looks while busy are then only a safety net for a lost ring
+EMBEDDED_BROKER_RUNG_BUSY_POLL_S = 1.0
 _engine_busy: Callable[[], bool] = lambda: False
 # The embedded broker's file, for this process's doorbell (structspec/db/bells.py): a worker that
 # drains the queue binds one at its first look, and `enqueue` rings it, so a job published while
@@ -58,10 +61,16 @@ def _pause(seconds: float) -> bool:
     return _bell.wait(seconds)
 
 
+def _busy_poll_s() -> float:
+    rung = _bell is not None and _bell_pid == os.getpid()
+    return EMBEDDED_BROKER_RUNG_BUSY_POLL_S if rung else EMBEDDED_BROKER_BUSY_POLL_S
+
+
 def drain_polling_by_load(self, connection, timeout=None):
     """kombu's virtual Transport.drain_events for the embedded broker, with the wait between two
     looks at the queue EMBEDDED_BROKER_POLL_S while the engine is idle and
-    EMBEDDED_BROKER_BUSY_POLL_S while it is busy, woken every EMBEDDED_BROKER_POLL_S to look at
+    EMBEDDED_BROKER_BUSY_POLL_S while it is busy (EMBEDDED_BROKER_RUNG_BUSY_POLL_S once this process
+    has its doorbell, which wakes it at once), woken every EMBEDDED_BROKER_POLL_S to look at
     once when the engine goes idle (so that a job submitted after the last one finished is seen as
     soon as before). Raises socket.timeout after `timeout` seconds without a message, as kombu's."""
     start = monotonic()
@@ -71,7 +80,7 @@ def drain_polling_by_load(self, connection, timeout=None):
             return
         except Empty:
             pass
-        look_at = monotonic() + (EMBEDDED_BROKER_BUSY_POLL_S if _engine_busy() else EMBEDDED_BROKER_POLL_S)
+        look_at = monotonic() + (_busy_poll_s() if _engine_busy() else EMBEDDED_BROKER_POLL_S)
         while True:
             now = monotonic()
             if timeout is not None and now - start >= timeout:

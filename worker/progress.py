@@ -16,7 +16,6 @@ import threading
 import time
 import uuid
 
-from structspec.db import bells
 from structspec.db.jobs import JobRepository
 from structspec.logs import preview
 
@@ -92,9 +91,6 @@ class ProgressWriter:
             except Exception as e:  # the next round writes them again; the result carries them all
                 log.warning("could not write streamed output: %s", preview(e))
                 continue
-            bind = sessions.kw.get("bind")
-            if bind is not None and bind.dialect.name == "sqlite":  # the streaming request reads it now
-                bells.ring(bind.url.render_as_string(hide_password=False), bells.API)
             with self._lock:
                 for job_id, token, pieces in changed:
                     if job_id in self._jobs:

@@ -36,7 +36,6 @@ from celery import Task
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from structspec.config import Settings
-from structspec.db import bells
 from structspec.db.columns import utcnow
 from structspec.db.jobs import JobRepository
 from structspec.db.retry import is_transient, retrying
@@ -387,8 +386,6 @@ def finish_job(sessions, settings: Settings, job: Started, future: Future, token
     finally:
         if job.in_flight:  # recorded (or never to be): no longer pending
             IN_FLIGHT.end(*job.in_flight)
-    if ok:  # a request waiting on it in an API process of this machine reads it now (SQLite only)
-        bells.ring(settings.database_url, bells.API)
     log_outcome(job.fields, outcome, duration_s, ok)
     return int(ok)
 

@@ -7,8 +7,10 @@ used to wait half a broker tick before a worker saw it and half a waiter tick be
 `?wait` request saw it finish. A process that polls a file also binds a doorbell: a Unix
 datagram socket named `<role>-<pid>` in `<file>.bells/`. Whoever changes what it polls for
 rings every bell of that role there (one datagram each, never blocking); the poller looks at
-once instead of at its next tick. The polls stay as they were: a ring is only a hint, and a
-lost one (a full socket buffer, a process that has no bell) costs one tick, as before.
+once instead of at its next tick. A ring is only a hint: the polls go on, and a lost ring (a
+full socket buffer, a process that has no bell) costs one tick. A poller that has its bell
+spaces its ticks further apart where every change it polls for rings (the API's job waiter;
+the worker's looks at the broker while its engine is busy), which is CPU the engine gets back.
 
 A bell whose process is gone refuses the datagram and is removed by the next ring. Anything
 that goes wrong with bells (a path too long for a Unix socket, a platform without them, a
@@ -29,7 +31,7 @@ from structspec.db.session import sqlite_path
 log = logging.getLogger(__name__)
 
 WORKER = "worker"  # rung when a job message is published (the embedded broker's file)
-API = "api"  # rung when a job's row changes for a waiting request (the SQLite job store's file)
+API = "api"  # rung when a job ends, its streamed output grows or it is deleted (structspec/db/jobs.py)
 
 _MAX_PATH = 100  # bytes: sockaddr_un's sun_path holds 104-108 with its terminator
 

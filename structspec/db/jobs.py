@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, load_only
 
+from structspec.db import bells
 from structspec.db.columns import database_now
 from structspec.db.models import BatchRecord, JobRecord, OpenAIBatchRecord, TERMINAL_STATUSES
 
@@ -27,6 +28,29 @@ J = JobRecord
 # PostgreSQL: the channel on which a trigger on `jobs` (revision 0014) NOTIFYs a job's id when it
 # ends, its streamed output grows or it is deleted (api/services/waiting.py listens)
 JOB_CHANGES_CHANNEL = "structspec_jobs"
+
+# SQLite has no trigger that can reach another process. The writes that the trigger reports (a job
+# ends, its streamed output grows, it is deleted) all go through the methods below, which mark
+# their session; when that session commits, the API processes of this machine are rung
+# (structspec/db/bells.py) and their job waiter reads at once. Like NOTIFY, the ring follows
+# the commit, so a woken waiter reads the committed row.
+_JOBS_CHANGED = "structspec.jobs_changed"
+
+
+def _mark_changed(session: Session) -> None:
+    session.info[_JOBS_CHANGED] = True
+
+
+@sa.event.listens_for(Session, "after_commit")
+def _ring_waiters(session: Session) -> None:
+    if not session.info.pop(_JOBS_CHANGED, False):
+        return
+    try:
+        bind = session.get_bind()
+    except Exception:  # a session without one bind: nothing to ring (the waiters' tick reads it)
+        return
+    if bind.dialect.name == "sqlite":
+        bells.ring(bind.url.render_as_string(hide_password=False), bells.API)
 
 
 class JobRepository:
@@ -50,6 +74,7 @@ class JobRepository:
         """Delete the jobs `ids`, whatever their status: a worker running one of them stores
         nothing (its conditional UPDATE finds no row) and its lease keeper stops it."""
         self.session.execute(sa.delete(JobRecord).where(J.id.in_(ids)))
+        _mark_changed(self.session)
 
     def finished_alone_before(self, cutoff: datetime, limit: int) -> list[uuid.UUID]:
         """Ids of finished jobs outside any batch that finished before `cutoff` (retention)."""
@@ -138,12 +163,14 @@ class JobRepository:
             values.update(prefill_s=stats.get("prefill_s"), decode_s=stats.get("decode_s"))
         if partial is not None:
             values["partial"] = partial
+        _mark_changed(self.session)
         return self.session.execute(
             sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "running")
             .values(**values).execution_options(synchronize_session=False)).rowcount == 1
 
     def write_partial(self, job_id: uuid.UUID, token: str, pieces: list[str]) -> bool:
         """The output so far of a running streamed job (only by its lease owner)."""
+        _mark_changed(self.session)
         return self.session.execute(
             sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "running")
             .values(partial=pieces).execution_options(synchronize_session=False)).rowcount == 1
@@ -165,6 +192,7 @@ class JobRepository:
         ids = list(self.session.scalars(sa.select(J.id).where(expired).limit(limit)))
         if not ids:
             return [], []
+        _mark_changed(self.session)
         self.session.execute(
             sa.update(JobRecord).where(J.id.in_(ids), expired, J.attempts >= max_attempts)
             .values(status="failed", lease_owner=token, lease_until=None, finished_at=now,
@@ -210,6 +238,7 @@ class JobRepository:
 
     def cancel(self, job_id: uuid.UUID) -> bool:
         """queued/running -> cancelled; False when the job is already finished (or absent)."""
+        _mark_changed(self.session)
         return self.session.execute(
             sa.update(JobRecord).where(J.id == job_id, J.status.in_(("queued", "running")))
             .values(status="cancelled", finished_at=database_now(self.session), lease_until=None,
@@ -218,6 +247,7 @@ class JobRepository:
 
     def cancel_unfinished_in_batch(self, batch_id: uuid.UUID) -> int:
         """Every queued or running job of the batch -> cancelled, like `cancel` one by one."""
+        _mark_changed(self.session)
         return self.session.execute(
             sa.update(JobRecord).where(J.batch_id == batch_id, J.status.in_(("queued", "running")))
             .values(status="cancelled", finished_at=database_now(self.session), lease_until=None,
@@ -281,6 +311,7 @@ class BatchRepository:
         """Delete the batch and its jobs (see JobRepository.delete_many for running ones)."""
         self.session.execute(sa.delete(JobRecord).where(J.batch_id == batch_id))
         self.session.execute(sa.delete(BatchRecord).where(BatchRecord.id == batch_id))
+        _mark_changed(self.session)
 
     def page(self, tenant: str, *, limit: int, offset: int,
              schema_id: uuid.UUID | None = None) -> tuple[Sequence[BatchRecord], int]:

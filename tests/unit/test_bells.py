@@ -1,19 +1,24 @@
 """Doorbells between processes sharing a SQLite file (structspec/db/bells.py): a ring wakes the
 bells of its role, a gone bell is cleared, other databases have none; the API's job waiter
-reads at once when rung (the embedded broker's poll: tests/unit/test_broker_poll.py). The poll
-is set to 30 s here, so a ring that did not wake it would show as a wait of that length."""
+reads at once when rung, and every write that ends a job, grows its streamed output or deletes
+it rings once committed, whoever makes it (the embedded broker's poll:
+tests/unit/test_broker_poll.py). The poll is set to 30 s here, so a ring that did not wake it
+would show as a wait of that length."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
 
 from structspec.api.services import waiting
 from structspec.api.services.waiting import JobWaiter
-from structspec.db import bells
-from structspec.db.session import make_engine
+from structspec.db import bells, migrate
+from structspec.db.jobs import BatchRepository, JobRepository
+from structspec.db.repositories import SchemaRepository
+from structspec.db.session import make_engine, make_session_factory
 
 LONG_POLL = 30.0
 
@@ -56,7 +61,7 @@ def test_no_bells_beside_other_databases_or_where_the_path_is_too_long(tmp_path)
 
 def test_the_job_waiter_reads_at_once_when_a_worker_rings(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path / 'w.db'}"
-    monkeypatch.setattr(waiting, "SQLITE_POLL_S", LONG_POLL)
+    monkeypatch.setattr(waiting, "SQLITE_RUNG_POLL_S", LONG_POLL)
     job = uuid.uuid4()
 
     async def main():
@@ -84,8 +89,6 @@ def test_the_job_waiter_reads_at_once_when_a_worker_rings(tmp_path, monkeypatch)
 def test_a_streamed_jobs_written_text_rings_the_api(tmp_path):
     """worker/progress.py rings the API's bells after each write of streamed text, so a streaming
     request reads the new pieces at once."""
-    from structspec.db import migrate
-    from structspec.db.session import make_session_factory
     from worker.progress import Pieces, ProgressWriter
 
     url = f"sqlite:///{tmp_path / 's.db'}"
@@ -98,3 +101,65 @@ def test_a_streamed_jobs_written_text_rings_the_api(tmp_path):
         assert api.wait(LONG_POLL)
     finally:
         api.close()
+
+
+@pytest.fixture
+def job_store(tmp_path):
+    """A migrated SQLite job store, a schema in it, and the API's bell beside it."""
+    url = f"sqlite:///{tmp_path / 'jobs.db'}"
+    migrate.upgrade(url)
+    sessions = make_session_factory(make_engine(url))
+    with sessions.begin() as s:
+        sessions.schema_id = SchemaRepository(s).add(name="rings", version=1, body={}, hash_="h",
+                                                     description=None).id
+    api = bells.Bell.open(url, bells.API)
+    yield sessions, api
+    api.close()
+
+
+def held_job_in_batch(sessions, lease_s: float = 60) -> tuple[uuid.UUID, uuid.UUID]:
+    """A batch of one job, claimed by the token "w" (job id, batch id)."""
+    with sessions.begin() as s:
+        batch = BatchRepository(s).add(tenant="default", schema_id=sessions.schema_id, total=1, options={})
+        repo = JobRepository(s)
+        job = repo.add_many([dict(schema_id=sessions.schema_id, document="d", options={}, batch_id=batch.id,
+                                  position=1)])[0]
+        assert repo.claim([job], "w", lease_s) == [job]
+        repo.mark_started(job, "w")
+        return job, batch.id
+
+
+WRITES = {
+    "stored": lambda s, job, batch: JobRepository(s).store(job, "w", status="succeeded", result={}),
+    "cancelled": lambda s, job, batch: JobRepository(s).cancel(job),
+    "its batch cancelled": lambda s, job, batch: JobRepository(s).cancel_unfinished_in_batch(batch),
+    "streamed text written": lambda s, job, batch: JobRepository(s).write_partial(job, "w", ["{"]),
+    "deleted": lambda s, job, batch: JobRepository(s).delete_many([job]),
+    "its batch deleted": lambda s, job, batch: BatchRepository(s).delete(batch),
+}
+
+
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_a_write_the_waiters_want_rings_the_api_once_committed(job_store, write):
+    sessions, api = job_store
+    job, batch = held_job_in_batch(sessions)
+    assert not api.wait(0)  # queueing, claiming and starting a job ring nothing
+    with sessions.begin() as s:
+        WRITES[write](s, job, batch)
+        s.flush()
+        assert not api.wait(0)  # not before the commit: a woken waiter must read the committed row
+    assert api.wait(LONG_POLL)
+
+
+def test_the_reaper_failing_a_job_rings_and_a_rolled_back_write_does_not(job_store):
+    sessions, api = job_store
+    job, _ = held_job_in_batch(sessions, lease_s=0.01)
+    with pytest.raises(RuntimeError):
+        with sessions.begin() as s:
+            JobRepository(s).cancel(job)
+            raise RuntimeError("rolled back")
+    assert not api.wait(0.2)
+    time.sleep(0.05)
+    with sessions.begin() as s:
+        assert JobRepository(s).requeue_expired("reaper", max_attempts=1, lease_s=0.01) == ([], [job])
+    assert api.wait(LONG_POLL)

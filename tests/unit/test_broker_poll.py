@@ -1,9 +1,11 @@
 """The embedded broker's poll (worker/app.py: drain_polling_by_load): a look at the queue every
 EMBEDDED_BROKER_POLL_S while the engine is idle, every EMBEDDED_BROKER_BUSY_POLL_S while it is
-busy, at once when it goes idle; a message ends the wait; the timeout is kept. On a fake clock."""
+busy (EMBEDDED_BROKER_RUNG_BUSY_POLL_S with a doorbell), at once when it goes idle; a message
+ends the wait; the timeout is kept. On a fake clock."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -13,7 +15,8 @@ import pytest
 
 import worker.app as app_module
 from structspec.db import bells
-from worker.app import EMBEDDED_BROKER_BUSY_POLL_S, EMBEDDED_BROKER_POLL_S, drain_polling_by_load
+from worker.app import (EMBEDDED_BROKER_BUSY_POLL_S, EMBEDDED_BROKER_POLL_S, EMBEDDED_BROKER_RUNG_BUSY_POLL_S,
+                        drain_polling_by_load)
 
 
 class Clock:
@@ -86,6 +89,31 @@ def test_busy_it_looks_seldom_and_at_once_when_the_engine_goes_idle(clock, monke
     after = [x for x in t.looks if x >= 1.27]
     assert after[0] - 1.27 <= EMBEDDED_BROKER_POLL_S + 1e-9
     assert set(gaps(after)) <= {EMBEDDED_BROKER_POLL_S} and clock.now == pytest.approx(2.0, abs=0.06)
+
+
+class QuietBell:
+    """A doorbell on the fake clock that nobody rings."""
+
+    def __init__(self, clock):
+        self.clock = clock
+
+    def wait(self, seconds):
+        self.clock.sleep(seconds)
+        return False
+
+
+def test_busy_with_its_doorbell_it_looks_only_as_a_safety_net(clock, monkeypatch):
+    """Every publish through `enqueue` rings the doorbell, so while the engine is busy the looks
+    are spaced EMBEDDED_BROKER_RUNG_BUSY_POLL_S apart (each is Python holding the engine's GIL)."""
+    assert EMBEDDED_BROKER_RUNG_BUSY_POLL_S > EMBEDDED_BROKER_BUSY_POLL_S
+    monkeypatch.setattr(app_module, "_engine_busy", lambda: True)
+    monkeypatch.setattr(app_module, "_broker_url", "sqla+sqlite:///unused.db")
+    monkeypatch.setattr(app_module, "_bell", QuietBell(clock))
+    monkeypatch.setattr(app_module, "_bell_pid", os.getpid())
+    t = Transport(clock)
+    with pytest.raises(socket.timeout):
+        drain_polling_by_load(t, None, timeout=3 * EMBEDDED_BROKER_RUNG_BUSY_POLL_S + 0.5)
+    assert gaps(t.looks) == [EMBEDDED_BROKER_RUNG_BUSY_POLL_S] * 3
 
 
 def test_the_embedded_broker_uses_it(tmp_path):
