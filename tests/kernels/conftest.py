@@ -17,6 +17,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 ON_CUDA = os.environ.get("STRUCTSPEC_KERNEL_TESTS") == "cuda"
 if not ON_CUDA:
     os.environ["TRITON_INTERPRET"] = "1"
@@ -35,3 +37,12 @@ for _path in (str(_ROOT), str(_HERE)):
 for _name in ("kernels.bitmask", "kernels.greedy", "kernels.sampling", "kernels.attention"):
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory) -> Path:
+    """A cache directory for the tests that use the C kernels without testing where or whether
+    they build: each kernel is compiled once per run (seconds of the compiler each), not once per
+    test. An Engine takes it as its cache_dir (the kernels land in its kernels/); a test of the
+    build itself (where it lands, a failing compiler) keeps a directory of its own."""
+    return tmp_path_factory.mktemp("shared-cache")

@@ -19,10 +19,12 @@ pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: th
                                  "AVX-512F or AVX2 with FMA (test_cpu_linear checks its refusal elsewhere)")]
 
 
-def runner_for(model, tmp_path):
+def runner_for(model, cache):
+    """The lean runner with every native kernel, built under `cache`/kernels as an Engine would."""
     from structspec.engine.runner import make_runner
 
-    return make_runner(model, "auto", lean=True, pack=True, cache_dir=tmp_path, linear=cpu_linear.load(tmp_path))
+    kernels = cache / "kernels"
+    return make_runner(model, "auto", lean=True, pack=True, cache_dir=kernels, linear=cpu_linear.load(kernels))
 
 
 def passes(runner):
@@ -36,8 +38,8 @@ DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=needs_dpbf16)]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path, dtype):
-    runner = runner_for(llama(dtype), tmp_path)
+def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(shared_cache, dtype):
+    runner = runner_for(llama(dtype), shared_cache)
     lean = runner.lean
     assert runner.attention == "native" and lean.ops is not None and lean.layer_loop is not None
     assert all(m.uses_native() for m in lean._gemms) and lean.loops_natively()
@@ -52,8 +54,8 @@ def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(tmp_path, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_the_plan_follows_a_weight_changed_in_place(tmp_path, dtype):
-    runner = runner_for(llama(dtype), tmp_path)
+def test_the_plan_follows_a_weight_changed_in_place(shared_cache, dtype):
+    runner = runner_for(llama(dtype), shared_cache)
     lean, loop = runner.lean, runner.lean.layer_loop
     before = passes(runner)
     plan = lean._plan
@@ -69,8 +71,8 @@ def test_the_plan_follows_a_weight_changed_in_place(tmp_path, dtype):
 
 
 @needs_dpbf16
-def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
-    runner = runner_for(llama(torch.bfloat16), tmp_path)
+def test_bad_arguments_are_refused_saying_what_is_wrong(shared_cache):
+    runner = runner_for(llama(torch.bfloat16), shared_cache)
     lean = runner.lean
     passes(runner)
     plan, loop = lean._plan, lean.layer_loop
@@ -86,8 +88,8 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(tmp_path):
         loop.plan(lean.linear, lean.ops, runner.native, [], 4, 2, 96)
 
 
-def test_an_fp32_plan_refuses_bf16_rows_and_bf16_kv(tmp_path):
-    runner = runner_for(llama(torch.float32), tmp_path)
+def test_an_fp32_plan_refuses_bf16_rows_and_bf16_kv(shared_cache):
+    runner = runner_for(llama(torch.float32), shared_cache)
     lean = runner.lean
     passes(runner)
     plan, loop = lean._plan, lean.layer_loop
@@ -102,25 +104,25 @@ def test_an_fp32_plan_refuses_bf16_rows_and_bf16_kv(tmp_path):
 
 
 @needs_dpbf16
-def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeypatch, caplog, tmp_path):
+def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeypatch, caplog, shared_cache):
     import kernels.cpu_forward
 
     real = kernels.cpu_forward.ForwardLayers.run
     monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
                         lambda self, *args, **kwargs: real(self, *args, **kwargs) + 1.0)
     with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
-        runner = runner_for(llama(torch.bfloat16), tmp_path)
+        runner = runner_for(llama(torch.bfloat16), shared_cache)
     assert "the native layer loop failed the check" in caplog.text
     assert runner.lean.layer_loop is None and runner.lean.ops is not None and not runner.lean.loops_natively()
 
 
-def test_a_model_loops_in_python_where_a_gemm_is_not_the_kernels(tmp_path):
+def test_a_model_loops_in_python_where_a_gemm_is_not_the_kernels(shared_cache):
     """One GEMM left to oneDNN (or F.linear): no plan, the Python loop, the same logits as the
     Python loop of an all-native runner."""
     from structspec.engine.packed import PackedLinear
 
     model = llama(torch.float32)
-    runner = runner_for(model, tmp_path)
+    runner = runner_for(model, shared_cache)
     lean = runner.lean
     want = passes(runner)
     gemm = lean.layers[1].o
@@ -140,26 +142,26 @@ def test_a_model_loops_in_python_where_a_gemm_is_not_the_kernels(tmp_path):
 @pytest.mark.skipif(not (ENGINE_PICKS_IT or ENGINE_PICKS_F32), reason="the engine picks the native linear kernel "
                     "(which the C loop runs) only on CPUs with AVX512-BF16 and no AMX (bf16) or with no bf16 units "
                     "(fp32)")
-def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, tmp_path):
+def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, shared_cache):
     from test_cpu_linear import bf16_loaded
 
     from structspec.engine.engine import Engine
 
     picked = bf16_loaded(tiny_normal_loaded) if ENGINE_PICKS_IT else tiny_normal_loaded
-    assert Engine(picked, cache_dir=tmp_path).layer_loop == "native"
+    assert Engine(picked, cache_dir=shared_cache).layer_loop == "native"
     assert Engine(picked, kernel_backend="torch").layer_loop == "python"
     if ENGINE_PICKS_IT:  # an fp32 model on a bf16 CPU keeps oneDNN's fp32 GEMMs
-        assert Engine(tiny_normal_loaded, cache_dir=tmp_path).layer_loop == "python"
+        assert Engine(tiny_normal_loaded, cache_dir=shared_cache).layer_loop == "python"
 
 
 @needs_dpbf16
-def test_the_c_loop_agrees_with_the_models_own_eager_forward(tmp_path):
+def test_the_c_loop_agrees_with_the_models_own_eager_forward(shared_cache):
     """Against transformers' own forward (eager operators, torch attention): within the fused
     steps' bf16 rounding (RMSNorm's and SiLU's last bits; tests/kernels/test_cpu_layer.py)."""
     from structspec.engine.runner import make_runner
 
     model = llama(torch.bfloat16)
-    got = passes(runner_for(model, tmp_path))
+    got = passes(runner_for(model, shared_cache))
     want = passes(make_runner(model, "torch"))
     for g, w in zip(got, want):
         g, w = g.float(), w.float()
@@ -169,7 +171,7 @@ def test_the_c_loop_agrees_with_the_models_own_eager_forward(tmp_path):
 @pytest.mark.skipif(not (ENGINE_PICKS_IT or ENGINE_PICKS_F32), reason="the engine picks the native linear kernel "
                     "(which the C loop runs) only on CPUs with AVX512-BF16 and no AMX (bf16) or with no bf16 units "
                     "(fp32)")
-def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, monkeypatch, tmp_path):
+def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, monkeypatch, shared_cache):
     """Documents of one schema (their prompts share a cached prefix, which the attention reads
     from one copy), drafted and not, four at a time: the same tokens, since the logits are the
     same bits."""
@@ -192,12 +194,12 @@ def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, mo
     monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
                         lambda self, plan, x, cos, sin, table, *a, **k: tables.append(table.shape[0]) or
                         real(self, plan, x, cos, sin, table, *a, **k))
-    in_c = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    in_c = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache)
     assert in_c.layer_loop == "native"
     got = in_c.run(requests)
     layers = loaded.model.config.num_hidden_layers
     assert 4 * layers + 6 in tables  # some passes read a shared prefix entry
-    in_python = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    in_python = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache)
     in_python.runner.lean.layer_loop = None
     assert in_python.layer_loop == "python"
     want = in_python.run(requests)

@@ -219,8 +219,8 @@ def test_a_pruned_lm_head_gives_every_allowed_logit_the_full_heads_bits(lib, dty
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", PRUNED_DTYPES)
-def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_normal_loaded, monkeypatch, tmp_path,
-                                                                          lib, dtype):
+def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_normal_loaded, monkeypatch,
+                                                                          shared_cache, lib, dtype):
     """engine_pruned_logits (the default) against off, on the native kernel in fp32 (picked here
     whatever the CPU's bf16 units) and in bf16: the same tokens for every request, while the
     pruned lm_head really ran on most decoding steps."""
@@ -239,11 +239,11 @@ def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_
                                        verbatim=True), trace=True)
                 for i, row in enumerate(deepjsoneval_rows(6))]
     loaded = tiny_normal_loaded if dtype == torch.float32 else bf16_loaded(tiny_normal_loaded)
-    pruned = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    pruned = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache)
     assert pruned.linear == "native" and pruned.pruned_logits
     got = pruned.run(requests)
     steps = pruned.metrics.steps
-    dense = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path, engine_pruned_logits=False)
+    dense = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache, engine_pruned_logits=False)
     n_calls = len(calls)
     want = dense.run(requests)
     assert len(calls) == n_calls  # off: never pruned
@@ -314,7 +314,7 @@ def test_a_failing_build_keeps_onednn_and_a_repacked_model_follows_the_engine(ti
     pytest.param(torch.float32, marks=pytest.mark.skipif(not ENGINE_PICKS_F32, reason="the engine picks the fp32 "
                                                          "kernel only on CPUs with no bf16 units"))])
 def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny_normal_loaded, monkeypatch,
-                                                                           tmp_path, dtype):
+                                                                           shared_cache, dtype):
     """Both sum in fp32, in different orders: where a run through the kernel parts from the same
     run through oneDNN (everything else equal), the oneDNN run's top-2 allowed logits there were
     within the dtype's near-tie epsilon (tests/unit/engine/test_bf16.py, test_batched.py), and
@@ -332,12 +332,12 @@ def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny
                         RequestOptions(strategy=("none", "composite")[i % 2], draft_len=4, max_tokens=80,
                                        verbatim=True), trace=True)
                 for i, row in enumerate(deepjsoneval_rows(8))]
-    native = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+    native = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache)
     assert native.linear == "native"
     got = native.run(requests)
     with monkeypatch.context() as m:
         m.setattr(engine_module, "native_linear", lambda *args: None)
-        onednn = Engine(loaded, engine_max_seqs=4, cache_dir=tmp_path)
+        onednn = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache)
     assert onednn.linear == "onednn"
     refs = onednn.run(requests)
     diverged = [d for d in (compare(ref, res) for ref, res in zip(refs, got)) if d is not None]
