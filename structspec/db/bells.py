@@ -10,7 +10,7 @@ rings every bell of that role there (one datagram each, never blocking); the pol
 once instead of at its next tick. A ring is only a hint: the polls go on, and a lost ring (a
 full socket buffer, a process that has no bell) costs one tick. A poller that has its bell
 spaces its ticks further apart where every change it polls for rings (the API's job waiter;
-the worker's looks at the broker while its engine is busy), which is CPU the engine gets back.
+the worker's looks at the broker while its engine is busy): fewer queries for the same news.
 
 A bell whose process is gone refuses the datagram and is removed by the next ring. Anything
 that goes wrong with bells (a path too long for a Unix socket, a platform without them, a

@@ -48,8 +48,9 @@ T = TypeVar("T")
 
 POLL_S = 0.2  # every waiter's own re-read while the PG listener is down
 SQLITE_POLL_S = 0.05  # the SQLite poller's tick without a doorbell: a lone job's reply waits half of it on average
-# ... and with one, where a ring wakes it: each tick is a query in a thread, ~1 ms of a core, which
-# the API took from the engine 20 times a second while a bulk batch ran on a 2-core CPU
+# ... and with one, where a ring wakes it: the tick only catches a lost ring, and a request waiting
+# on a long job costs two queries a second, not 20 (a bulk batch's time did not measurably change
+# either way: docs/benchmarks.md)
 SQLITE_RUNG_POLL_S = 0.5
 SAFETY_S = 5.0  # a waiter re-reads its row at least this often, notified or not
 RECONNECT_S = (0.5, 10.0)  # the listener's backoff: first pause, longest pause
