@@ -49,21 +49,29 @@ def report_engine_busy(probe: Callable[[], bool]) -> None:
     _engine_busy = probe
 
 
+def _process_bell() -> bells.Bell | None:
+    """This process's doorbell on the embedded broker's file, bound at its first look (a prefork
+    child binds its own); None where there is none (another broker, or bells do not work here)."""
+    global _bell, _bell_pid
+    if _broker_url is None:
+        return None
+    if _bell_pid != os.getpid():
+        _bell_pid, _bell = os.getpid(), bells.Bell.open(_broker_url, bells.WORKER)
+    return _bell
+
+
 def _pause(seconds: float) -> bool:
     """Sleep `seconds` between two looks at the embedded broker, less if this process's doorbell
     rings (a job was published); whether it rang."""
-    global _bell, _bell_pid
-    if _broker_url is not None and _bell_pid != os.getpid():  # first look in this process
-        _bell_pid, _bell = os.getpid(), bells.Bell.open(_broker_url, bells.WORKER)
-    if _bell is None or _broker_url is None:
+    bell = _process_bell()
+    if bell is None:
         sleep(seconds)
         return False
-    return _bell.wait(seconds)
+    return bell.wait(seconds)
 
 
 def _busy_poll_s() -> float:
-    rung = _bell is not None and _bell_pid == os.getpid()
-    return EMBEDDED_BROKER_RUNG_BUSY_POLL_S if rung else EMBEDDED_BROKER_BUSY_POLL_S
+    return EMBEDDED_BROKER_BUSY_POLL_S if _process_bell() is None else EMBEDDED_BROKER_RUNG_BUSY_POLL_S
 
 
 def drain_polling_by_load(self, connection, timeout=None):
