@@ -116,8 +116,7 @@ typedef float vf __attribute__((vector_size(4 * VW)));
 #define DPBF16 0
 #endif
 #if DPBF16 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && D <= 128
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "cpu_amx.h"
 /* q.K on the matrix units: for a block of 16 keys and up to 16 of an item's queries, S^T = K Q^T
  * as tiles: A = the 16 keys' rows (32 dims each, read from the KV buffer as they lie), B = the
  * queries transposed into bf16 pairs (built once per item), C = 16 x 16 fp32 scores. Each score
@@ -127,32 +126,10 @@ typedef float vf __attribute__((vector_size(4 * VW)));
 #ifndef PV_TILES
 #define PV_TILES 1 /* P.V on the tiles too (pv_tiles); 0: vdpbf16ps (pv_bf16), for measuring one against the other */
 #endif
-static int amx_state = 0; /* 0: not asked yet; 1: the OS lets this process use the tiles; -1: not */
-static int amx_usable(void) {
-    int state = __atomic_load_n(&amx_state, __ATOMIC_ACQUIRE);
-    if (state == 0) { /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA (idempotent; oneDNN asks the same) */
-        state = syscall(SYS_arch_prctl, 0x1023, 18) == 0 ? 1 : -1;
-        __atomic_store_n(&amx_state, state, __ATOMIC_RELEASE);
-    }
-    return state == 1;
-}
-struct tile_config {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-/* tiles 0: C, 1-2: A (keys, alternating), 3-6: B (one per 32 dims): all 16 rows of 64 bytes.
- * Loaded by each thread at the start of every call (and released at its end): oneDNN's GEMMs on
- * the same threads configure the tiles their own way in between. */
+/* tiles 0: C, 1-2: A (keys, alternating), 3-6: B (one per 32 dims): all 16 rows of 64 bytes. */
 static inline void amx_configure(void) {
-    struct tile_config c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 7; t++) {
-        c.colsb[t] = 64;
-        c.rows[t] = 16;
-    }
-    _tile_loadconfig(&c);
+    static const uint8_t rows[7] = {16, 16, 16, 16, 16, 16, 16};
+    amx_configure_rows(rows, 7);
 }
 #else
 #define AMX 0

@@ -1,5 +1,6 @@
-/* Linear layers for a few rows (decode and verification passes): bf16 on CPUs with AVX512-BF16,
- * fp32 on CPUs with AVX-512F or with AVX2 and FMA.
+/* Linear layers for a few rows (decode and verification passes): bf16 on CPUs with AVX512-BF16
+ * (on the AMX tiles where the CPU has them: LINEAR_AMX below, which serves prefill's many rows
+ * too), fp32 on CPUs with AVX-512F or with AVX2 and FMA.
  *
  * A pass over a few rows reads every weight once and does little arithmetic with each, so its
  * time is the weight read plus whatever part of the arithmetic does not overlap it. Here the
@@ -44,7 +45,7 @@
 #endif
 #define PARALLEL_MIN_BYTES 131072 /* below this much packed weight, one thread */
 
-int structspec_linear_version(void) { return 5; } /* 5: structspec_linear_pruned (bf16) */
+int structspec_linear_version(void) { return 6; } /* 6: bf16 on the AMX tiles where the CPU has them */
 
 /* which element types this build serves: 1 fp32, 2 bf16 (AVX512-BF16), or'ed */
 int structspec_linear_types(void) {
@@ -158,11 +159,105 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
     }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && BLOCKS == 3
+#include "cpu_amx.h"
+#define LINEAR_AMX 1
+/* bf16 on the matrix units (AMX), for weights whose k / 2 pairs are a multiple of 16. The packing
+ * is the same: a group's 16 pairs starting at pair j are a 16-row B tile for each of its three
+ * 16-column blocks (rows GROUP pairs apart, 64 bytes each: 16 columns' pairs), so a step of 32
+ * inputs is one A tile of up to 16 rows of x (64 bytes each, read where they lie) and three
+ * tile products into three 16 x 16 fp32 C tiles. A group's rows go in tiles of up to 16; those
+ * after the first read its weights from the core's cache. Each output is a sum of exact bf16
+ * products in fp32 over the steps in order, its own row's and column's only, so a row's result
+ * does not depend on the rows beside it; the tiles' sums are not vdpbf16ps's bits, so an AMX
+ * build takes the tiles for every row count (and the vdpbf16ps loop for weights whose pairs are
+ * not a multiple of 16, and where the OS refuses the tiles). Tiles: 0-2 C, 3 A, 4-6 B. */
+#define AMX_PAIRS 16
+
+static inline void amx_linear_configure(int rows) {
+    const uint8_t r[7] = {rows, rows, rows, rows, AMX_PAIRS, AMX_PAIRS, AMX_PAIRS};
+    amx_configure_rows(r, 7);
+}
+
+/* `m` rows of x (row stride ldx) against one group's packed stream pg: y's row for x's row r is
+ * out[r] (NULL: r itself), columns cols of the group's GROUP. *configured: the tile row count
+ * this thread's tiles are configured for (0: none yet). */
+static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *pg, int64_t pairs,
+                      const float *bias, uint16_t *y, int64_t ldy, int64_t cols, const int64_t *out,
+                      int *configured) {
+    float acc[16 * GROUP] __attribute__((aligned(64)));
+    for (int64_t t = 0, r0 = 0, tiles = (m + 15) / 16; t < tiles; t++) {
+        const int take = (int)TILE_TAKE(m, r0, tiles, t);
+        if (take != *configured) {
+            amx_linear_configure(take);
+            *configured = take;
+        }
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        const uint16_t *xr = x + r0 * ldx;
+        for (int64_t j = 0; j < pairs; j += AMX_PAIRS) {
+            const uint32_t *pj = pg + j * GROUP;
+            if (t == 0) /* the first tile streams the group from memory: ask for it ahead */
+                for (int l = 0; l < AMX_PAIRS * GROUP * 4; l += 64)
+                    _mm_prefetch((const char *)pj + AHEAD + l, _MM_HINT_T0);
+            _tile_loadd(3, xr + 2 * j, ldx * 2);
+            _tile_loadd(4, pj, GROUP * 4);
+            _tile_dpbf16ps(0, 3, 4);
+            _tile_loadd(5, pj + 16, GROUP * 4);
+            _tile_dpbf16ps(1, 3, 5);
+            _tile_loadd(6, pj + 32, GROUP * 4);
+            _tile_dpbf16ps(2, 3, 6);
+        }
+        _tile_stored(0, acc, GROUP * 4);
+        _tile_stored(1, acc + 16, GROUP * 4);
+        _tile_stored(2, acc + 32, GROUP * 4);
+        for (int b = 0; b < BLOCKS; b++) {
+            const int64_t left = cols - 16 * b;
+            if (left <= 0) break;
+            const __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            const __m512 bb = bias ? _mm512_maskz_loadu_ps(mk, bias + 16 * b) : _mm512_setzero_ps();
+            for (int r = 0; r < take; r++) {
+                const __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(acc + r * GROUP + 16 * b), bb));
+                const int64_t row = out ? out[r0 + r] : r0 + r;
+                _mm256_mask_storeu_epi16(y + row * ldy + 16 * b, mk, (__m256i)h);
+            }
+        }
+        r0 += take;
+    }
+}
+#else
+#define LINEAR_AMX 0
+#endif
+
+/* 1 where bf16 rows run on the matrix units (an AMX build, and the OS lets this process use them) */
+int structspec_linear_amx(void) {
+#if LINEAR_AMX
+    return amx_usable();
+#else
+    return 0;
+#endif
+}
+
 /* y [m, n] = x [m, k] by the packed weight (+ bias, fp32, or NULL); bf16 rows, unit last stride */
 void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p,
                        const float *bias, uint16_t *y, int64_t ldy, int64_t n, int threads) {
     const int64_t pairs = k / 2, groups = (n + GROUP - 1) / GROUP;
     const int parallel = threads > 1 && groups > 1 && groups * pairs * GROUP * 4 >= PARALLEL_MIN_BYTES;
+#if LINEAR_AMX
+    if (pairs % AMX_PAIRS == 0 && amx_usable()) {
+#pragma omp parallel num_threads(threads) if (parallel)
+        {
+            int configured = 0;
+#pragma omp for schedule(static)
+            for (int64_t g = 0; g < groups; g++)
+                amx_group(x, ldx, m, p + g * pairs * GROUP, pairs, bias ? bias + g * GROUP : 0, y + g * GROUP, ldy,
+                          n - g * GROUP < GROUP ? n - g * GROUP : GROUP, NULL, &configured);
+            if (configured) _tile_release();
+        }
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
     for (int64_t g = 0; g < groups; g++) {
         const uint32_t *pg = p + g * pairs * GROUP;
@@ -188,31 +283,50 @@ void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t
     int64_t *rows_of, nd;
     const uint16_t *xd = dense_rows_first(x, ldx, m, k, sizeof(uint16_t), dense, &rows_of, &nd);
     const int parallel = threads > 1 && groups > 1 && groups * pairs * GROUP * 4 >= PARALLEL_MIN_BYTES;
-#pragma omp parallel for schedule(dynamic, 8) num_threads(threads) if (parallel)
-    for (int64_t g = 0; g < groups; g++) {
-        const uint32_t *pg = p + g * pairs * GROUP;
-        const float *bg = bias ? bias + g * GROUP : 0;
-        const int64_t cols = n - g * GROUP < GROUP ? n - g * GROUP : GROUP;
-        uint16_t *yg = y + g * GROUP;
-        int want = 0;
-        for (int64_t w = g * BLOCKS; w < (g + 1) * BLOCKS && w < narrow; w++) want |= wanted[w];
-        if (want) {
+#if LINEAR_AMX
+    const int amx = pairs % AMX_PAIRS == 0 && amx_usable(); /* as structspec_linear decides */
+#else
+    const int amx = 0;
+#endif
+#pragma omp parallel num_threads(threads) if (parallel)
+    {
+        int configured = 0; /* this thread's AMX tile rows (0: not configured) */
+#pragma omp for schedule(dynamic, 8)
+        for (int64_t g = 0; g < groups; g++) {
+            const uint32_t *pg = p + g * pairs * GROUP;
+            const float *bg = bias ? bias + g * GROUP : 0;
+            const int64_t cols = n - g * GROUP < GROUP ? n - g * GROUP : GROUP;
+            uint16_t *yg = y + g * GROUP;
+            int want = 0;
+            for (int64_t w = g * BLOCKS; w < (g + 1) * BLOCKS && w < narrow; w++) want |= wanted[w];
+#if LINEAR_AMX
+            if (amx) {
+                if (want) amx_group(x, ldx, m, pg, pairs, bg, yg, ldy, cols, NULL, &configured);
+                else amx_group(xd, k, nd, pg, pairs, bg, yg, ldy, cols, rows_of, &configured);
+            } else
+#endif
+            if (want) {
 #define ALL_ROWS(rows) tile(x + r0 * ldx, ldx, pg, pairs, bg, yg + r0 * ldy, ldy, cols, rows, NULL, 1)
-            TILES(m, ROWS, CASES7, ALL_ROWS)
+                TILES(m, ROWS, CASES7, ALL_ROWS)
 #undef ALL_ROWS
-            continue;
-        }
-        uint16_t strip[ROWS * GROUP];
+            } else {
+                uint16_t strip[ROWS * GROUP];
 #define DENSE_ROWS(rows)                                                                             \
     do {                                                                                             \
         tile(xd + r0 * k, k, pg, pairs, bg, strip, GROUP, cols, rows, NULL, 1);                      \
         for (int r = 0; r < (rows); r++)                                                             \
             memcpy(yg + rows_of[r0 + r] * ldy, strip + r * GROUP, sizeof(uint16_t) * cols);          \
     } while (0)
-        TILES(nd, ROWS, CASES7, DENSE_ROWS)
+                TILES(nd, ROWS, CASES7, DENSE_ROWS)
 #undef DENSE_ROWS
-        for (int64_t i = nd; i < m; i++)
-            for (int64_t c = 0; c < cols; c++) yg[rows_of[i] * ldy + c] = 0xff80; /* bf16 -inf */
+            }
+            if (!want)
+                for (int64_t i = nd; i < m; i++)
+                    for (int64_t c = 0; c < cols; c++) yg[rows_of[i] * ldy + c] = 0xff80; /* bf16 -inf */
+        }
+#if LINEAR_AMX
+        if (configured) _tile_release();
+#endif
     }
     free((void *)xd);
     free(rows_of);

@@ -3,10 +3,12 @@ AVX512-BF16, fp32 on CPUs with AVX-512F or with AVX2 and FMA.
 
 A decode or verification pass multiplies a few rows by every weight matrix: its time is the
 weight read plus the arithmetic that does not overlap it. oneDNN's prepacked GEMM (the engine's
-other CPU path, structspec/engine/packed.py) overlaps them poorly on CPUs without AMX (bf16) and
-on CPUs without bf16 units (fp32); cpu_linear.c packs each weight once into the order its loop
+other CPU path, structspec/engine/packed.py) overlaps them poorly; cpu_linear.c packs each weight once into the order its loop
 streams it, prefetches ahead, and holds up to 8 (bf16) or 16 (fp32; 6 with AVX2) rows in registers
-against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md).
+against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md). On CPUs with
+AMX, bf16 rows go through the tiles instead (16 rows by 48 columns a step of 32 inputs), for
+every row count (``amx``): another fp32 sum order than the vector loop's, the same for a row
+whatever the rows beside it.
 
 * ``pack(weight, bias)``: the packed copy of a bf16 [n, k] weight (k even) or an fp32 one, and its bias;
 * ``linear(x, packed)``: x [..., k] in the weight's dtype by it, [..., n] in that dtype;
@@ -67,11 +69,14 @@ class NativeLinear:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = native.open_library(path, SOURCE, "structspec_linear_version", 5)
+        lib = native.open_library(path, SOURCE, "structspec_linear_version", 6)
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
         lib.structspec_linear_types.restype = ctypes.c_int
         served = {torch.float32: "f32"} | ({torch.bfloat16: "bf16"} if lib.structspec_linear_types() & 2 else {})
         self.dtypes = frozenset(served)
+        # bf16 rows on the AMX tiles (for weights whose k is a multiple of 32): an AMX build where
+        # the OS allows the tiles
+        self.amx = torch.bfloat16 in served and bool(lib.structspec_linear_amx())
         self._size, self._pack, self._run, self._pruned = {}, {}, {}, {}
         for dtype, name in served.items():  # the bf16 symbols exist only in an AVX512-BF16 build
             size, pack, run, pruned = (getattr(lib, symbol) for symbol in SYMBOLS[name])

@@ -2,7 +2,8 @@
 
 Each is compiled at first use by the system's C compiler (``$CC``, else ``cc``) with
 ``-O3 -march=native`` and OpenMP into a cache directory, under a name keyed by the source, the
-flags, the CPU's feature flags and the compiler, so a changed source or another CPU builds
+flags, the CPU's feature flags and the compiler (the source read with the local headers it
+includes, ``#include "cpu_amx.h"``), so a changed source or header or another CPU builds
 anew and a worker beside this one never loads half a file (the build lands by an atomic
 rename). OpenMP is linked by soname, so the library shares the libgomp torch already loaded
 (one thread pool). ``build`` raises ``RuntimeError`` saying why when there is no compiler or
@@ -16,6 +17,7 @@ import ctypes
 import hashlib
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -25,6 +27,7 @@ from pathlib import Path
 _LOCK = threading.Lock()
 _LOADED: dict[tuple[str, tuple[str, ...], str], object] = {}
 
+HEADERS = Path(__file__).parent  # where the kernels' shared headers are (cpu_amx.h)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-fno-trapping-math")
 
 
@@ -57,7 +60,7 @@ def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None)
     """The shared library of `source` built with FLAGS + `flags` under `cache` (built if absent)."""
     cc = compiler()
     directory = cache_dir(cache)
-    text = source.read_bytes()
+    text = source_text(source)
     all_flags = FLAGS + tuple(flags)
     key = hashlib.sha256(b"\0".join([text, " ".join(all_flags).encode(), cpu_flags().encode(),
                                      platform.machine().encode(), cc.encode()])).hexdigest()[:16]
@@ -69,7 +72,7 @@ def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *all_flags, str(source), "-o", tmp], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([cc, *all_flags, f"-I{HEADERS}", str(source), "-o", tmp], capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed on {source.name}: {done.stderr.strip()[-400:]}")
         os.replace(tmp, target)
@@ -77,6 +80,16 @@ def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None)
         if os.path.exists(tmp):
             os.unlink(tmp)
     return target
+
+
+def source_text(source: Path) -> bytes:
+    """`source`'s bytes followed by those of each local header it includes (``#include "name"``,
+    read beside it, else from this directory: a copy of a kernel built elsewhere still finds its
+    headers, as the compiler does through ``-I``), for the build key."""
+    text = source.read_bytes()
+    headers = re.findall(rb'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', text, re.MULTILINE)
+    found = [next((p for p in (source.parent / n.decode(), HEADERS / n.decode()) if p.exists()), None) for n in headers]
+    return b"\0".join([text, *(p.read_bytes() for p in found if p is not None)])
 
 
 def open_library(path: Path, source: Path, version: str, expected: int) -> ctypes.CDLL:

@@ -145,7 +145,8 @@ class Engine:
 
     @property
     def linear(self) -> str:
-        """What runs the linear layers: "native" (kernels/cpu_linear.c, bf16 on a CPU without AMX),
+        """What runs the linear layers: "native" (kernels/cpu_linear.c: bf16 with AVX512-BF16,
+        on the AMX tiles where the CPU has them; fp32 on a CPU without bf16 units),
         "onednn" (prepacked, engine/packed.py), "torch" (F.linear), or "native and onednn" where
         a layer failed the native kernel's check at packing (logged)."""
         layers = [m for m in self.loaded.model.modules() if isinstance(m, PackedLinear)]

@@ -18,7 +18,7 @@ rotary, SiLU x up) run fused in C (kernels/cpu_layer.c: one call and one pass ea
 ~20 operators a layer); rotary and the adds round exactly as torch does, RMSNorm and SiLU
 within the last bits of fp32, so the check against the model's own forward holds within its
 tolerance rather than bit for bit. Where, in addition, every GEMM runs through
-kernels/cpu_linear.c (bf16 on CPUs with AVX512-BF16 and no AMX; fp32 where `auto` runs fp32 on a
+kernels/cpu_linear.c (bf16 on CPUs with AVX512-BF16, on the AMX tiles where there are any; fp32 where `auto` runs fp32 on a
 CPU with AVX-512F, or AVX2 and FMA), the loop over the layers
 itself runs in C (kernels/cpu_forward.c: the same calls, the same bits, one call from Python
 a pass instead of ~240).

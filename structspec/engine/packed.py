@@ -9,13 +9,13 @@ here it needs no compiler and no warm-up. Measured in docs/benchmarks.md ("Packe
 layers"). bf16 results are bit-identical to `F.linear`; fp32 results differ in the last bits
 (another summation order), which the engine's near-tie tests cover.
 
-On CPUs with AVX512-BF16 and no AMX, a bf16 engine under kernel_backend "auto" packs for
-kernels/cpu_linear.c instead (`native_linear`), and so does an fp32 engine on CPUs with AVX-512F or
-AVX2 and no bf16 units at all (where `auto` runs fp32): oneDNN overlaps the weight read with the
-arithmetic poorly there, and the C loop streams its own order with prefetches (docs/kernels.md;
-measured in docs/benchmarks.md). Its results differ from F.linear's in the last bits of the
-fp32 sum, as fp32 oneDNN's do. AMX CPUs keep oneDNN (its AMX kernels; not measured against the C
-loop yet), and so does fp32 on CPUs with bf16 units (run only where asked for).
+On CPUs with AVX512-BF16, a bf16 engine under kernel_backend "auto" packs for
+kernels/cpu_linear.c instead (`native_linear`; on CPUs with AMX its loop runs on the tiles), and
+so does an fp32 engine on CPUs with AVX-512F or AVX2 and no bf16 units at all (where `auto` runs
+fp32): oneDNN overlaps the weight read with the arithmetic poorly there, and the C loop streams
+its own order with prefetches (docs/kernels.md; measured in docs/benchmarks.md, also against
+oneDNN's AMX kernels). Its results differ from F.linear's in the last bits of the fp32 sum, as
+fp32 oneDNN's do. fp32 on CPUs with bf16 units (run only where asked for) keeps oneDNN.
 
 Pruned logits (`PackedLinear.forward_allowed`): a decoding row's grammar often allows a few
 tokens (a key, punctuation, digits); where the native kernel runs the lm_head (fp32 or bf16),
@@ -157,15 +157,12 @@ def bf16_unpackable() -> str | None:
 
 def native_linear(kernel_backend: str, model: nn.Module, cache_dir):
     """kernels/cpu_linear.c's library where it serves `model` (module docstring): kernel_backend
-    "auto", on a CPU, bf16 weights where the CPU has AVX512-BF16 and no AMX, fp32 weights where
+    "auto", on a CPU, bf16 weights where the CPU has AVX512-BF16 (with or without AMX), fp32 weights where
     it has no bf16 matrix units at all (AVX-512F, or AVX2 and FMA); else None (logged why, where it could apply)."""
     from structspec.engine.model import cpu_has_bf16_matmul
 
     param = next(model.parameters())
     if kernel_backend != "auto" or param.device.type != "cpu" or param.dtype not in (torch.bfloat16, torch.float32):
-        return None
-    if param.dtype == torch.bfloat16 and getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)():
-        log.info("bf16 linear layers through oneDNN (this CPU has AMX; kernels/cpu_linear.c serves CPUs without)")
         return None
     if param.dtype == torch.float32 and cpu_has_bf16_matmul():
         return None  # fp32 only where asked for there (auto runs bf16): oneDNN's, not measured against the C loop

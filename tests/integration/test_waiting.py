@@ -3,7 +3,11 @@
 Against a real `structspec serve` with no worker (every job stays queued): 64 concurrent waiting
 requests, `POST /v1/extractions?wait=` and chat completions (plain and streamed), half of them
 abandoned by their clients, while `/health` and `GET /v1/schemas` are called 50 times each and
-must each answer within a second. Then a job that ends wakes its waiter at once (PostgreSQL:
+must each answer within READ_BOUND_S, half of the waiters' wait: a read queued behind a waiting
+request would wait for that request to end (WAIT_S or more; before issue 30 it was over 30 s).
+The bound is loose on purpose: the reads start while a slow host is still taking the 64 requests
+in (a 2-core Cascade Lake guest answered the first reads in 0.9-1.2 s, the rest in 0.1-0.4 s);
+docs/benchmarks.md reports the measured p50/p99. Then a job that ends wakes its waiter at once (PostgreSQL:
 the trigger's NOTIFY; SQLite: the shared poller).
 
 STRUCTSPEC_LATENCY_REPORT=path appends the measured latencies (one JSON line per backend) to
@@ -36,6 +40,7 @@ MESSAGES = [{"role": "user", "content": "Ada Lovelace wrote the first program."}
 WAIT_S = 6  # ?wait= and STRUCTSPEC_CHAT_TIMEOUT_S: the kept requests wait this long
 ABANDON_S = 1.0  # the abandoned ones' clients give up after this
 PER_KIND = 16  # kept and abandoned, of each of: extraction wait, chat, streamed chat (in halves)
+READ_BOUND_S = WAIT_S / 2  # every /health and GET /v1/schemas under load answers within this
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -115,7 +120,8 @@ def test_64_waiting_requests_leave_health_and_reads_fast_and_an_ended_job_wakes_
                 latencies.append(elapsed)
         answers = [(kind, f.result(timeout=WAIT_S + 60)) for kind, f in futures]
 
-    assert max(latencies) < 1.0, f"slowest /health or GET /v1/schemas under load: {max(latencies):.3f} s"
+    assert max(latencies) < READ_BOUND_S, \
+        f"slowest /health or GET /v1/schemas under load: {max(latencies):.3f} s (p50 {p(latencies, 0.5):.3f} s)"
     # the kept requests answered as documented: 202 (not finished within wait), 504, an SSE error
     gone = [a for a in answers if a[1] == (None, None)]
     assert len(gone) == 32, "every abandoned client gave up, and no kept one did"

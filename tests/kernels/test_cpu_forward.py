@@ -140,7 +140,7 @@ def test_a_model_loops_in_python_where_a_gemm_is_not_the_kernels(shared_cache):
 
 
 @pytest.mark.skipif(not (ENGINE_PICKS_IT or ENGINE_PICKS_F32), reason="the engine picks the native linear kernel "
-                    "(which the C loop runs) only on CPUs with AVX512-BF16 and no AMX (bf16) or with no bf16 units "
+                    "(which the C loop runs) only on CPUs with AVX512-BF16 (bf16) or with no bf16 units "
                     "(fp32)")
 def test_the_engine_says_where_its_layer_loop_runs(tiny_normal_loaded, shared_cache):
     from test_cpu_linear import bf16_loaded
@@ -169,7 +169,7 @@ def test_the_c_loop_agrees_with_the_models_own_eager_forward(shared_cache):
 
 
 @pytest.mark.skipif(not (ENGINE_PICKS_IT or ENGINE_PICKS_F32), reason="the engine picks the native linear kernel "
-                    "(which the C loop runs) only on CPUs with AVX512-BF16 and no AMX (bf16) or with no bf16 units "
+                    "(which the C loop runs) only on CPUs with AVX512-BF16 (bf16) or with no bf16 units "
                     "(fp32)")
 def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, monkeypatch, shared_cache):
     """Documents of one schema (their prompts share a cached prefix, which the attention reads

@@ -19,9 +19,10 @@ pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the
 FLAGS = CPU_FLAGS
 HAS_KERNEL = "avx512f" in FLAGS or {"avx2", "fma"} <= FLAGS  # the fp32 kernel: AVX-512F, or AVX2 with FMA
 HAS_DPBF16 = "avx512_bf16" in FLAGS
-# the engine picks the kernel for bf16 on CPUs with AVX512-BF16 and without AMX, and for fp32 on
-# CPUs with no bf16 units at all (engine/packed.py)
-ENGINE_PICKS_IT = HAS_DPBF16 and "amx_tile" not in FLAGS
+# the engine picks the kernel for bf16 on CPUs with AVX512-BF16 (on the AMX tiles where the CPU
+# has them), and for fp32 on CPUs with no bf16 units at all (engine/packed.py)
+ENGINE_PICKS_IT = HAS_DPBF16
+HAS_AMX = HAS_DPBF16 and {"amx_tile", "amx_bf16"} <= FLAGS
 ENGINE_PICKS_F32 = HAS_KERNEL and not HAS_DPBF16 and "amx_tile" not in FLAGS
 needs_dpbf16 = pytest.mark.skipif(not HAS_DPBF16, reason="this CPU lacks AVX512-BF16, which the bf16 kernel needs "
                                   "(test_the_kernel_builds_where_... checks the refusal)")
@@ -271,7 +272,7 @@ def bf16_loaded(tiny_normal_loaded):
 
 
 def test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it(tiny_normal_loaded, tmp_path):
-    """kernel_backend auto, bf16, a CPU with AVX512-BF16 and no AMX: every packed layer (the lean
+    """kernel_backend auto, bf16, a CPU with AVX512-BF16 (AMX or not): every packed layer (the lean
     forward's fused ones and the model's own, lm_head among them) runs the kernel; elsewhere, and
     under kernel_backend "torch", oneDNN's packing."""
     from structspec.engine.engine import Engine
@@ -291,8 +292,8 @@ def test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it(tiny
     assert Engine(bf16_loaded(tiny_normal_loaded), engine_packed_linear=False).linear == "torch"
 
 
-@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the kernel only on CPUs with AVX512-BF16 "
-                    "and no AMX; test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it "
+@pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the kernel only on CPUs with AVX512-BF16; "
+                    "test_the_engine_runs_bf16_linear_layers_natively_where_the_cpu_suits_it "
                     "checks it keeps oneDNN here")
 def test_a_failing_build_keeps_onednn_and_a_repacked_model_follows_the_engine(tiny_normal_loaded, monkeypatch,
                                                                                 caplog, tmp_path):
@@ -311,7 +312,7 @@ def test_a_failing_build_keeps_onednn_and_a_repacked_model_follows_the_engine(ti
 
 @pytest.mark.parametrize("dtype", [
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ENGINE_PICKS_IT, reason="the engine picks the bf16 "
-                                                          "kernel only on CPUs with AVX512-BF16 and no AMX")),
+                                                          "kernel only on CPUs with AVX512-BF16")),
     pytest.param(torch.float32, marks=pytest.mark.skipif(not ENGINE_PICKS_F32, reason="the engine picks the fp32 "
                                                          "kernel only on CPUs with no bf16 units"))])
 def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny_normal_loaded, monkeypatch,
@@ -363,13 +364,9 @@ def test_a_lean_forward_given_back_leaves_the_models_layers_packed_for_the_kerne
     assert len(packed) == 7 * len(model.model.layers) and all(m.uses_native() for m in packed)
 
 
-def test_a_cpu_with_amx_keeps_onednn(tiny_normal_loaded, monkeypatch, caplog):
-    """AMX CPUs keep oneDNN's packing (its AMX kernels), saying so, on any host this runs on."""
-    from structspec.engine.engine import Engine
-    from structspec.engine.packed import bf16_unpackable
-
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    with caplog.at_level(logging.INFO, logger="structspec.engine.packed"):
-        engine = Engine(bf16_loaded(tiny_normal_loaded))
-    assert engine.linear == ("onednn" if bf16_unpackable() is None else "torch")
-    assert "this CPU has AMX" in caplog.text
+@needs_dpbf16
+def test_bf16_rows_run_on_the_amx_tiles_where_the_cpu_has_them(lib):
+    """An AMX CPU's build runs bf16 rows on the tiles (so the bf16 tests above test them there:
+    SHAPES has k a multiple of 32, the tiles' steps, and k = 18, the vector loop's), any other
+    CPU's on vdpbf16ps; the engine picks the kernel on both (engine/packed.py)."""
+    assert lib.amx == HAS_AMX
