@@ -114,6 +114,13 @@ void structspec_linear_pack(const uint16_t *w, int64_t ldw, int64_t n, int64_t k
             }
 }
 
+/* the fp32 sums of 16 columns (+ bias, or NULL), rounded once to bf16, into the first `left` of them at y */
+static inline void store_sums(uint16_t *y, __m512 sums, const float *bias, int64_t left) {
+    const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    const __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias) : _mm512_setzero_ps();
+    _mm256_mask_storeu_epi16(y, m, (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(sums, b)));
+}
+
 /* One tile: `rows` rows of x against a group's packed stream p. `next`: where this tile also
  * brings a share of the next group's stream into L2, or NULL. A group of more rows than a tile
  * holds runs several tiles, and those after the first read its weights from the core's cache:
@@ -147,16 +154,8 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, int64_
             for (int b = 0; b < BLOCKS; b++) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xb, w[b]);
         }
     }
-    for (int b = 0; b < BLOCKS; b++) {
-        const int64_t left = cols - 16 * b;
-        if (left <= 0) break;
-        const __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        const __m512 bb = bias ? _mm512_maskz_loadu_ps(m, bias + 16 * b) : _mm512_setzero_ps();
-        for (int r = 0; r < rows; r++) {
-            const __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][b], bb));
-            _mm256_mask_storeu_epi16(y + r * ldy + 16 * b, m, (__m256i)h);
-        }
-    }
+    for (int b = 0; b < BLOCKS && cols > 16 * b; b++)
+        for (int r = 0; r < rows; r++) store_sums(y + r * ldy + 16 * b, acc[r][b], bias ? bias + 16 * b : NULL, cols - 16 * b);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && BLOCKS == 3
@@ -212,17 +211,10 @@ static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t 
         _tile_stored(0, acc, GROUP * 4);
         _tile_stored(1, acc + 16, GROUP * 4);
         _tile_stored(2, acc + 32, GROUP * 4);
-        for (int b = 0; b < BLOCKS; b++) {
-            const int64_t left = cols - 16 * b;
-            if (left <= 0) break;
-            const __mmask16 mk = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-            const __m512 bb = bias ? _mm512_maskz_loadu_ps(mk, bias + 16 * b) : _mm512_setzero_ps();
-            for (int r = 0; r < take; r++) {
-                const __m256bh h = _mm512_cvtneps_pbh(_mm512_add_ps(_mm512_load_ps(acc + r * GROUP + 16 * b), bb));
-                const int64_t row = out ? out[r0 + r] : r0 + r;
-                _mm256_mask_storeu_epi16(y + row * ldy + 16 * b, mk, (__m256i)h);
-            }
-        }
+        for (int b = 0; b < BLOCKS && cols > 16 * b; b++)
+            for (int r = 0; r < take; r++)
+                store_sums(y + (out ? out[r0 + r] : r0 + r) * ldy + 16 * b, _mm512_load_ps(acc + r * GROUP + 16 * b),
+                           bias ? bias + 16 * b : NULL, cols - 16 * b);
         r0 += take;
     }
 }
