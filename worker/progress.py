@@ -54,11 +54,13 @@ class Pieces:
 
 class ProgressWriter:
     """Writes the pieces of streamed jobs to jobs.partial every FLUSH_EVERY_S while they run
-    (one transaction for all changed jobs). One per worker process, started on first use."""
+    (one transaction for all changed jobs). One per worker process, started on first use; while
+    no streamed job runs, its thread waits to be told of one instead of waking every
+    FLUSH_EVERY_S (a thread that wakes takes the core from the engine's OpenMP threads)."""
 
     def __init__(self) -> None:
         self._jobs: dict[uuid.UUID, tuple[str, Pieces, int]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition(threading.Lock())  # notified when a job is watched
         self._pid: int | None = None
         self._sessions = None
 
@@ -66,6 +68,7 @@ class ProgressWriter:
         with self._lock:
             self._jobs[job_id] = (token, pieces, 0)
             self._sessions = sessions
+            self._lock.notify()
             if self._pid != os.getpid():  # first use in this process (a prefork child starts its own)
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="progress-writer", daemon=True).start()
@@ -76,6 +79,8 @@ class ProgressWriter:
 
     def _run(self) -> None:
         while True:
+            with self._lock:
+                self._lock.wait_for(lambda: self._jobs)
             time.sleep(FLUSH_EVERY_S)
             with self._lock:
                 snapshots = [(j, token, pieces.snapshot(), sent) for j, (token, pieces, sent) in self._jobs.items()]

@@ -103,6 +103,45 @@ def test_a_streamed_jobs_written_text_rings_the_api(tmp_path):
         api.close()
 
 
+def test_the_progress_writer_sleeps_while_no_streamed_job_runs_and_wakes_for_the_next(tmp_path, monkeypatch):
+    """Its thread wakes every FLUSH_EVERY_S while a streamed job runs, not at all while none does
+    (it used to wake forever once used, taking the core from the engine), and a new job wakes it."""
+    import threading
+    from types import SimpleNamespace
+
+    from worker import progress
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    migrate.upgrade(url)
+    sessions = make_session_factory(make_engine(url))
+    wakes: list[int] = []  # the thread of each wake (other tests' writers may still run in this process)
+    sleep = time.sleep
+    monkeypatch.setattr(progress, "time", SimpleNamespace(sleep=lambda s: (wakes.append(threading.get_ident()),
+                                                                           sleep(s))))
+
+    def ours() -> int:
+        return sum(ident == thread.ident for ident in wakes)
+
+    def woken(more_than: int) -> bool:
+        deadline = time.monotonic() + 10
+        while ours() <= more_than and time.monotonic() < deadline:
+            sleep(0.01)
+        return ours() > more_than
+
+    writer, first = progress.ProgressWriter(), uuid.uuid4()
+    before = set(threading.enumerate())
+    writer.watch(sessions, first, "token", progress.Pieces())
+    [thread] = [t for t in set(threading.enumerate()) - before if t.name == "progress-writer"]
+    assert woken(2)  # rounds while the job runs
+    writer.forget(first)
+    sleep(3 * progress.FLUSH_EVERY_S)  # the round under way ends
+    idle = ours()
+    sleep(10 * progress.FLUSH_EVERY_S)
+    assert ours() == idle, "the writer woke with no streamed job to write"
+    writer.watch(sessions, uuid.uuid4(), "token", progress.Pieces())
+    assert woken(idle)
+
+
 @pytest.fixture
 def job_store(tmp_path):
     """A migrated SQLite job store, a schema in it, and the API's bell beside it."""
