@@ -390,6 +390,12 @@ static float *rows_side_by_side(const float *x, int64_t ldx, int64_t m, int64_t 
     return xt;
 }
 
+/* x's rows side by side (rows_side_by_side, tiles of up to F32_FEW_ROWS) for one-group tiles,
+ * where that pays: more than F32_SIDE_BY_SIDE_ABOVE rows; else NULL (read them where they lie) */
+static float *side_by_side_where_it_pays(const float *x, int64_t ldx, int64_t m, int64_t k, int threads) {
+    return m > F32_SIDE_BY_SIDE_ABOVE ? rows_side_by_side(x, ldx, m, k, F32_FEW_ROWS, threads) : NULL;
+}
+
 /* rows x (blocks groups of 16 columns, the groups' packed streams k * 16 floats apart) */
 static inline __attribute__((always_inline)) void tile_f32(const float *x, int64_t ldx, int64_t step, const float *p,
                                                            int64_t k, const float *bias, float *y, int64_t ldy,
@@ -425,7 +431,7 @@ void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, co
     const int few = m <= F32_FEW_ROWS, span = few ? 1 : F32_MANY_BLOCKS; /* groups a tile */
     const int64_t spans = (groups + span - 1) / span;
     const int parallel = threads > 1 && spans > 1 && groups * k * F32_GROUP * 4 >= PARALLEL_MIN_BYTES;
-    float *xt = few && m > F32_SIDE_BY_SIDE_ABOVE ? rows_side_by_side(x, ldx, m, k, F32_FEW_ROWS, parallel ? threads : 1) : NULL;
+    float *xt = few ? side_by_side_where_it_pays(x, ldx, m, k, parallel ? threads : 1) : NULL;
 #pragma omp parallel for schedule(static) num_threads(threads) if (parallel)
     for (int64_t s = 0; s < spans; s++) {
         const int64_t c0 = s * span * F32_GROUP, cols = n - c0 < span * F32_GROUP ? n - c0 : span * F32_GROUP;
@@ -532,8 +538,7 @@ void structspec_linear_f32(const float *x, int64_t ldx, int64_t m, int64_t k, co
 #ifdef __AVX512F__
 #define GROUP_TILE_ROWS F32_FEW_ROWS
 #define GROUP_TILE_CASES CASES15
-#define GROUP_SIDE_BY_SIDE(xx, ldxx, m) \
-    ((m) > F32_SIDE_BY_SIDE_ABOVE ? rows_side_by_side(xx, ldxx, m, k, GROUP_TILE_ROWS, parallel ? threads : 1) : NULL)
+#define GROUP_SIDE_BY_SIDE(xx, ldxx, m) side_by_side_where_it_pays(xx, ldxx, m, k, parallel ? threads : 1)
 #define GROUP_TILE(xx, ldxx, xxt, yy, ldyy, rows)                                                    \
     ((xxt) ? tile_f32((xxt) + r0 * k, 1, rows, pg, k, bg, yy, ldyy, cols, rows, 1)                 \
            : tile_f32((xx) + r0 * (ldxx), ldxx, 1, pg, k, bg, yy, ldyy, cols, rows, 1))
