@@ -222,14 +222,19 @@ static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t 
 #define LINEAR_AMX 0
 #endif
 
-/* 1 where bf16 rows run on the matrix units (an AMX build, and the OS lets this process use them) */
-int structspec_linear_amx(void) {
+/* whether a bf16 weight of `pairs` input pairs runs on the matrix units: an AMX build, the OS
+ * letting this process use them, and whole steps of AMX_PAIRS (the one decision of both drivers) */
+static int amx_serves(int64_t pairs) {
 #if LINEAR_AMX
-    return amx_usable();
+    return pairs % AMX_PAIRS == 0 && amx_usable();
 #else
+    (void)pairs;
     return 0;
 #endif
 }
+
+/* 1 where bf16 rows run on the matrix units (an AMX build, and the OS lets this process use them) */
+int structspec_linear_amx(void) { return amx_serves(0); }
 
 /* y [m, n] = x [m, k] by the packed weight (+ bias, fp32, or NULL); bf16 rows, unit last stride */
 void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p,
@@ -237,7 +242,7 @@ void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
     const int64_t pairs = k / 2, groups = (n + GROUP - 1) / GROUP;
     const int parallel = threads > 1 && groups > 1 && groups * pairs * GROUP * 4 >= PARALLEL_MIN_BYTES;
 #if LINEAR_AMX
-    if (pairs % AMX_PAIRS == 0 && amx_usable()) {
+    if (amx_serves(pairs)) {
 #pragma omp parallel num_threads(threads) if (parallel)
         {
             int configured = 0;
@@ -275,11 +280,7 @@ void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t
     int64_t *rows_of, nd;
     const uint16_t *xd = dense_rows_first(x, ldx, m, k, sizeof(uint16_t), dense, &rows_of, &nd);
     const int parallel = threads > 1 && groups > 1 && groups * pairs * GROUP * 4 >= PARALLEL_MIN_BYTES;
-#if LINEAR_AMX
-    const int amx = pairs % AMX_PAIRS == 0 && amx_usable(); /* as structspec_linear decides */
-#else
-    const int amx = 0;
-#endif
+    const int amx = amx_serves(pairs);
 #pragma omp parallel num_threads(threads) if (parallel)
     {
         int configured = 0; /* this thread's AMX tile rows (0: not configured) */

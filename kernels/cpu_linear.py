@@ -3,9 +3,9 @@ AVX512-BF16, fp32 on CPUs with AVX-512F or with AVX2 and FMA.
 
 A decode or verification pass multiplies a few rows by every weight matrix: its time is the
 weight read plus the arithmetic that does not overlap it. oneDNN's prepacked GEMM (the engine's
-other CPU path, structspec/engine/packed.py) overlaps them poorly; cpu_linear.c packs each weight once into the order its loop
-streams it, prefetches ahead, and holds up to 8 (bf16) or 16 (fp32; 6 with AVX2) rows in registers
-against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md). On CPUs with
+other CPU path, structspec/engine/packed.py) overlaps them poorly; cpu_linear.c packs each
+weight once into the order its loop streams it, prefetches ahead, and holds up to 8 (bf16) or 16
+(fp32; 6 with AVX2) rows in registers against each loaded weight step (docs/kernels.md; figures in docs/benchmarks.md). On CPUs with
 AMX, bf16 rows go through the tiles instead (16 rows by 48 columns a step of 32 inputs), for
 every row count (``amx``): another fp32 sum order than the vector loop's, the same for a row
 whatever the rows beside it.

@@ -72,7 +72,8 @@ def build(source: Path, flags: tuple[str, ...], cache: Path | str | None = None)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=directory)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *all_flags, f"-I{HEADERS}", str(source), "-o", tmp], capture_output=True, text=True, timeout=120)
+        done = subprocess.run([cc, *all_flags, f"-I{HEADERS}", str(source), "-o", tmp], capture_output=True,
+                              text=True, timeout=120)
         if done.returncode != 0:
             raise RuntimeError(f"{Path(cc).name} failed on {source.name}: {done.stderr.strip()[-400:]}")
         os.replace(tmp, target)
@@ -88,7 +89,8 @@ def source_text(source: Path) -> bytes:
     headers, as the compiler does through ``-I``), for the build key."""
     text = source.read_bytes()
     headers = re.findall(rb'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', text, re.MULTILINE)
-    found = [next((p for p in (source.parent / n.decode(), HEADERS / n.decode()) if p.exists()), None) for n in headers]
+    found = (next((p for p in (source.parent / n.decode(), HEADERS / n.decode()) if p.exists()), None)
+             for n in headers)
     return b"\0".join([text, *(p.read_bytes() for p in found if p is not None)])
 
 
