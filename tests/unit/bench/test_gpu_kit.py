@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -47,6 +48,30 @@ def test_the_real_bundle_sends_at_most_56_then_60_mib_and_its_model_reassembles(
     plan = (tmp_path / "gpu" / "PLAN.md").read_text()
     assert all(c["command"] in plan for c in summary["calls"])  # PLAN.md prints both calls exactly
     assert "sha256sum -c" in summary["calls"][1]["command"]
+
+
+@pytest.mark.parametrize("xz_program", [True, False], ids=["xz", "python-lzma"])
+def test_the_compressed_model_is_one_xz_stream_the_last_call_reads_and_is_cached(tmp_path, monkeypatch, xz_program):
+    """With the `xz` program (every core) or without it (Python's lzma): the file Python's lzma
+    decompresses to the GGUF's bytes, cached under its sha256 so a second bundle reuses it."""
+    import lzma
+
+    if xz_program and shutil.which("xz") is None:
+        pytest.fail("the xz program is not installed here (xz-utils); the bundle would fall back to one thread")
+    if not xz_program:
+        real_which = shutil.which
+        monkeypatch.setattr(gpu.shutil, "which", lambda name, *a, **k: None if name == "xz" else real_which(name, *a, **k))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    blob = bytes(range(256)) * 4000 + os.urandom(300_000)
+    src = tmp_path / "m.gguf"
+    src.write_bytes(blob)
+    sha = hashlib.sha256(blob).hexdigest()
+    packed = gpu.compressed_model(src, sha)
+    assert packed == tmp_path / "cache" / "structspec" / "gpu-kit" / f"{sha}.gguf.xz"
+    assert lzma.decompress(packed.read_bytes()) == blob and packed.stat().st_size < len(blob)
+    stamp = packed.stat().st_mtime_ns
+    src.write_bytes(b"not read again")
+    assert gpu.compressed_model(src, sha) == packed and packed.stat().st_mtime_ns == stamp
 
 
 def test_the_model_parts_reassemble_byte_for_byte(tmp_path):
