@@ -154,9 +154,8 @@ def plan_calls(tree: int, wheels: int, model: int, limits: tuple[int, ...] = CAL
 def compressed_model(gguf: Path, sha: str) -> Path:
     """`gguf` compressed with xz (preset 6: ~8% off the default model's Q4_1 GGUF, which is
     what fits it into two calls), cached by its sha256 in the cache dir. The `xz` program, where
-    there is one, compresses on every core (~25 s the first time on 2 cores; its blocks cost
-    ~40 kB); Python's lzma, one thread, otherwise (~50 s). Either is one .xz stream, which the
-    last call's Python lzma reads."""
+    there is one, compresses on every core, in blocks (a little larger a file); Python's lzma, on
+    one thread, otherwise. Either is one .xz stream, which the last call's Python lzma reads."""
     import lzma
 
     from structspec.config import Settings
