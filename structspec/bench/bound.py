@@ -7,6 +7,10 @@
 - GEMM rate, fp32 and bf16, at a prefill shape (512 x 576 by 576 x 1536, the default model's
   MLP) and a decode shape (16 rows);
 - memory bandwidth: the best of several sums over a 1 GiB fp32 tensor (bytes read / time);
+- the chip's arithmetic peak (kernels/cpu_peak.c: independent chains of fp32 FMAs, of bf16
+  vdpbf16ps, and of AMX tdpbf16ps where the CPU has each, on torch's threads, nothing read from
+  memory): no GEMM or pass can be faster, so the GEMM rate and the prefill chunk are also given
+  as a share of it (`peak_gflops`; bf16's is the faster of its two units);
 - per dtype, with the default model: the bytes of its weights and the time to read them once
   at that bandwidth (a decode step cannot be faster: every weight is read each pass); the
   engine's decode pass of 16 sequences x 1 row and of 1 x 1 at 512 tokens of context, as
@@ -83,12 +87,56 @@ def memory_gbps(nbytes: int = BANDWIDTH_BYTES, repeats: int = 8) -> float:
     return nbytes / s / 1e9
 
 
+PEAK_KINDS = {"fp32 FMA": 0, "bf16 vdpbf16ps": 1, "bf16 AMX": 2}  # kernels/cpu_peak.c's kinds
+
+
+def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3) -> dict[str, float | None]:
+    """The chip's arithmetic peak by instruction (PEAK_KINDS), GFLOP/s on `threads` threads
+    (0: torch's), the best of `repeats` runs of ~`seconds` each; None for what this CPU or build
+    lacks, or for every kind when no C compiler builds the kernel."""
+    import ctypes
+
+    from kernels import native
+
+    source = Path(native.__file__).with_name("cpu_peak.c")
+
+    def wrap(path: Path):
+        lib = native.open_library(path, source, "structspec_peak_version", 1)
+        lib.structspec_peak_gflops.restype = ctypes.c_double
+        lib.structspec_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]
+        return lib.structspec_peak_gflops
+
+    try:
+        run = native.load(source, (), None, wrap)
+    except RuntimeError:
+        return dict.fromkeys(PEAK_KINDS)
+    threads = threads or torch.get_num_threads()
+    out: dict[str, float | None] = {}
+    for name, kind in PEAK_KINDS.items():
+        probe = 1 << 16
+        t = time.perf_counter()
+        if run(kind, probe, threads) <= 0:
+            out[name] = None
+            continue
+        steps = max(probe, int(probe * seconds / max(time.perf_counter() - t, 1e-6)))  # ~`seconds` a run
+        out[name] = round(max(run(kind, steps, threads) for _ in range(repeats)), 1)
+    return out
+
+
+def dtype_peak(peaks: dict[str, float | None], dtype: torch.dtype) -> float | None:
+    """The fastest unit's peak for `dtype` (bf16: the AMX tiles or vdpbf16ps; fp32: FMA)."""
+    names = ("bf16 vdpbf16ps", "bf16 AMX") if dtype == torch.bfloat16 else ("fp32 FMA",)
+    rates = [peaks[n] for n in names if peaks.get(n)]
+    return max(rates) if rates else None
+
+
 def limits(dtype: torch.dtype) -> dict:
     """The machine's limits now, for `dtype`: GEMM GFLOP/s at the prefill and decode shapes,
-    memory GB/s."""
+    memory GB/s, and the chip's peak for `dtype` (None without a C compiler)."""
     return {"gemm_prefill_gflops": round(gemm_gflops(dtype, PREFILL_SHAPE), 1),
             "gemm_decode_gflops": round(gemm_gflops(dtype, DECODE_SHAPE), 1),
-            "memory_gbps": round(memory_gbps(), 2)}
+            "memory_gbps": round(memory_gbps(), 2),
+            "peak_gflops": dtype_peak(peak_gflops(), dtype)}
 
 
 def chip() -> dict:
@@ -234,7 +282,7 @@ def model_figures(dtype: str, profiled: bool = False, packed: bool = True,
     before = limits(loaded.dtype)
     passes = engine_passes(engine)
     after = limits(loaded.dtype)
-    near = {k: max(before[k], after[k]) for k in before}
+    near = {k: max(before[k] or 0, after[k] or 0) or None for k in before}
     bandwidth = near["memory_gbps"]
     bound_ms = nbytes / (bandwidth * 1e9) * 1000
     # a decode pass also reads every sequence's keys and values: at 512 tokens of context, 16
@@ -261,6 +309,7 @@ def model_figures(dtype: str, profiled: bool = False, packed: bool = True,
             "decode_1x1_over_bound": round(passes["1x1"] / bound_ms, 2),
             "prefill_gflops": round(prefill_gflops, 1),
             "prefill_of_gemm_rate": round(prefill_gflops / near["gemm_prefill_gflops"], 3),
+            "prefill_of_peak": round(prefill_gflops / near["peak_gflops"], 3) if near["peak_gflops"] else None,
             "decode_16x1_profile": profile_decode(engine) if profiled else None,
             "prefill_512_profile": profile_prefill(engine) if profiled else None}
 
@@ -268,11 +317,13 @@ def model_figures(dtype: str, profiled: bool = False, packed: bool = True,
 def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0, profiled: bool = False) -> dict:
     if threads:
         torch.set_num_threads(threads)
-    out = {"chip": chip(), "gemm_gflops": {}, "memory_gbps": round(memory_gbps(), 2)}
+    out = {"chip": chip(), "gemm_gflops": {}, "memory_gbps": round(memory_gbps(), 2), "peak_gflops": peak_gflops()}
     for name in ("float32", "bfloat16"):
         dt = getattr(torch, name)
         out["gemm_gflops"][name] = {"prefill": round(gemm_gflops(dt, PREFILL_SHAPE), 1),
                                     "decode": round(gemm_gflops(dt, DECODE_SHAPE), 1)}
+        peak = dtype_peak(out["peak_gflops"], dt)
+        out["gemm_gflops"][name]["prefill_of_peak"] = round(out["gemm_gflops"][name]["prefill"] / peak, 3) if peak else None
     f32, b16 = out["gemm_gflops"]["float32"]["prefill"], out["gemm_gflops"]["bfloat16"]["prefill"]
     out["bf16_over_fp32_gemm"] = round(b16 / f32, 2)
     # each dtype without, then with, prepacked linear layers, both through the model's own forward,
@@ -313,8 +364,14 @@ def main(argv: list[str] | None = None) -> int:
               f"({m['kv_read_16x1_ms']} ms of KV); decode 1x1 {m['pass_ms']['1x1']} ms; prefill {m['prefill_gflops']} GFLOP/s = "
               f"{m['prefill_of_gemm_rate']:.0%} of the {m['dtype']} GEMM rate "
               f"({m['limits']['gemm_prefill_gflops']} of {m['limits_before']['gemm_prefill_gflops']} / "
-              f"{m['limits_after']['gemm_prefill_gflops']} GFLOP/s, measured before and after the passes)",
+              f"{m['limits_after']['gemm_prefill_gflops']} GFLOP/s, measured before and after the passes)"
+              + (f", {m['prefill_of_peak']:.0%} of the chip's {m['dtype']} peak ({m['limits']['peak_gflops']} GFLOP/s)"
+                 if m["prefill_of_peak"] else ""),
               file=sys.stderr)
+    peaks = ", ".join(f"{k} {v}" for k, v in report["peak_gflops"].items() if v)
+    print(f"the chip's peak, GFLOP/s on {report['chip']['threads']} threads: {peaks or 'not measured (no C compiler)'}; "
+          + "; ".join(f"{k} GEMM at the prefill shape {v['prefill']} = {v['prefill_of_peak']:.0%} of it"
+                      for k, v in report["gemm_gflops"].items() if v["prefill_of_peak"]), file=sys.stderr)
     return 0
 
 
