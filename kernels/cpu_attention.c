@@ -162,33 +162,53 @@ static inline vf sum_lanes(vf *a) {
 #endif
 }
 
-/* the largest of x[0:n] (n >= 1), VW lanes at a time */
-static inline float row_max(const float *x, int64_t n) {
+/* the larger of a and b lane by lane, b where they are equal or either is a NaN (maxps's rule) */
+static inline vf lane_max(vf a, vf b) {
+#if VW == 16
+    return (vf)_mm512_max_ps((__m512)a, (__m512)b);
+#elif defined(__AVX__)
+    return (vf)_mm256_max_ps((__m256)a, (__m256)b);
+#else
     typedef int32_t vi __attribute__((vector_size(4 * VW)));
-    vf mv;
-    memcpy(&mv, x, sizeof(float)); /* lane 0: x[0]; spread below */
-    for (int i = 1; i < VW; i++) mv[i] = x[0];
+    vi gt = a > b;
+    return (vf)(((vi)a & gt) | ((vi)b & ~gt));
+#endif
+}
+
+/* the largest of x[0:n] (n >= 1), VW lanes at a time in four independent chains (one chain, each
+ * step waiting on the last, had made this pass ~15% of a prefill chunk's attention) */
+static inline float row_max(const float *x, int64_t n) {
+    vf mv[4];
+    for (int c = 0; c < 4; c++)
+        for (int i = 0; i < VW; i++) mv[c][i] = x[0];
     int64_t i = 0;
+    for (; i + 4 * VW <= n; i += 4 * VW)
+        for (int c = 0; c < 4; c++) {
+            vf v;
+            memcpy(&v, x + i + c * VW, sizeof v);
+            mv[c] = lane_max(v, mv[c]);
+        }
     for (; i + VW <= n; i += VW) {
         vf v;
         memcpy(&v, x + i, sizeof v);
-        vi gt = v > mv;
-        mv = (vf)(((vi)v & gt) | ((vi)mv & ~gt));
+        mv[0] = lane_max(v, mv[0]);
     }
-    float m = mv[0];
-    for (int l = 1; l < VW; l++) m = mv[l] > m ? mv[l] : m;
+    vf all = lane_max(lane_max(mv[3], mv[2]), lane_max(mv[1], mv[0]));
+    float m = all[0];
+    for (int l = 1; l < VW; l++) m = all[l] > m ? all[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }
 
 /* e^x lane by lane for x <= 0 (scores minus their row's maximum): Cody-Waite reduction (k
- * rounded to nearest even) and a degree-6 polynomial, within 2 ulp of expf, on VW lanes at once */
+ * rounded to nearest even) and a degree-6 polynomial, within 2 ulp of expf, on VW lanes at once.
+ * x is first raised to -87 where below (a NaN stays a NaN), so 2^k is a normal number, and p * 2^k
+ * is one rounding (AVX-512's scalef rounds as the product does) */
 static inline vf exp_nonpos(vf x) {
     typedef int32_t vi __attribute__((vector_size(4 * VW)));
     vf lowest;
     for (int i = 0; i < VW; i++) lowest[i] = -87.0f;
-    vi below = x < lowest;
-    x = (vf)(((vi)lowest & below) | ((vi)x & ~below));
+    x = lane_max(lowest, x);
     vf k = x * 1.44269504088896341f;
 #if VW == 16
     k = (vf)_mm512_roundscale_ps((__m512)k, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -201,14 +221,18 @@ static inline vf exp_nonpos(vf x) {
     r = r + k * 2.12194440e-4f;
     vf p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f + r * (0.00833333377f
               + r * 0.00138888892f)))));
+#if VW == 16
+    return (vf)_mm512_scalef_ps((__m512)p, (__m512)k);
+#else
     vi bits = (__builtin_convertvector(k, vi) + 127) << 23;
     return p * (vf)bits;
+#endif
 }
 
 /* One query's softmax numerators in place: s[n] = e^(s[n] * scale - m) for n in [a, e), 0 elsewhere
  * in [0, padded) (a multiple of VW); returns their sum. Written on vectors of VW lanes, where GCC
  * had vectorised the scalar loop at half the register width on AVX-512 Intel builds; vectors wholly
- * outside [a, e) are zeroed without an exponential. */
+ * outside [a, e) are zeroed without an exponential, and only those across a or e are masked. */
 static inline float softmax_row(float *s, int64_t padded, int64_t a, int64_t e, float scale, float m) {
     typedef int32_t vi __attribute__((vector_size(4 * VW)));
     vf sum = {0};
@@ -220,8 +244,10 @@ static inline float softmax_row(float *s, int64_t padded, int64_t a, int64_t e, 
             vf x;
             memcpy(&x, s + n, sizeof x);
             p = exp_nonpos(x * scale - m);
-            vi at = lane + (int32_t)n;
-            p = (vf)((vi)p & ((at >= (int32_t)a) & (at < (int32_t)e)));
+            if (n < a || n + VW > e) {
+                vi at = lane + (int32_t)n;
+                p = (vf)((vi)p & ((at >= (int32_t)a) & (at < (int32_t)e)));
+            }
             sum += p;
         }
         memcpy(s + n, &p, sizeof p);
