@@ -1,12 +1,21 @@
 """One forward pass by shape: how the cost of a pass grows with sequences and rows.
 
 Used by `bench batch` (part e) and the GPU check (`bench/gpu.py`); it needs only the engine,
-so it runs where the service's other dependencies are not installed.
+so it runs where the service's other dependencies are not installed. On its own:
+
+    python -m structspec.bench.passes [--contexts 1100] [--shapes 16x1,16x2,16x3] [--repeats 5]
+
+times the default model's engine (its default dtype and forward) at each context and shape
+(SEQUENCESxROWS: that many sequences with that many new rows each, full logits for every row, so
+a draft row costs here at most what it costs in the engine, whose grammar prunes some of them).
+A benchmark: run it alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
+import sys
 import time
 
 import torch
@@ -76,3 +85,48 @@ def pass_shapes(engine: Engine, contexts: tuple[int, ...], repeats: int = 3,
                  "ms": round(statistics.median(times[(n, rows)]) * 1000, 3)} for n, rows in shapes]
         del slots
     return out
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """'16x1,16x2' -> ((16, 1), (16, 2)); SystemExit naming a shape that is not SEQUENCESxROWS."""
+    shapes = []
+    for part in text.split(","):
+        try:
+            n, rows = (int(x) for x in part.strip().split("x"))
+        except ValueError:
+            raise SystemExit(f"--shapes: {part.strip()!r} is not SEQUENCESxROWS (e.g. 16x2)") from None
+        if n < 1 or rows < 1:
+            raise SystemExit(f"--shapes: {part.strip()!r} needs at least one sequence and one row")
+        shapes.append((n, rows))
+    return tuple(shapes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m structspec.bench.passes", description=__doc__.split("\n\n")[0])
+    p.add_argument("--contexts", default="512,1100", help="tokens already cached in each sequence (comma-separated)")
+    p.add_argument("--shapes", default="16x1,16x2,16x3,16x4,16x6,1x1,1x4,1x8", help="SEQUENCESxROWS, comma-separated")
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (the median is reported)")
+    p.add_argument("--model", default="default")
+    args = p.parse_args(argv)
+    shapes = parse_shapes(args.shapes)
+    try:
+        contexts = tuple(int(c) for c in args.contexts.split(","))
+    except ValueError:
+        raise SystemExit(f"--contexts: {args.contexts!r} is not a comma-separated list of token counts") from None
+    from structspec.engine.model import load_model
+
+    engine = Engine(load_model(args.model, device="cpu"))
+    rows = pass_shapes(engine, contexts, args.repeats, shapes)
+    print(f"{engine.loaded.dtype_note}; {torch.get_num_threads()} threads; median of {args.repeats}")
+    print("| context | sequences x rows | ms | x the same sequences' one-row pass |")
+    print("|---|---|---|---|")
+    one = {(r["context"], r["sequences"]): r["ms"] for r in rows if r["rows_each"] == 1}
+    for r in rows:
+        base = one.get((r["context"], r["sequences"]))
+        ratio = f"{r['ms'] / base:.2f}x" if base else ""
+        print(f"| {r['context']} | {r['sequences']} x {r['rows_each']} | {r['ms']} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
