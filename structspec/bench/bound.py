@@ -88,12 +88,14 @@ def memory_gbps(nbytes: int = BANDWIDTH_BYTES, repeats: int = 8) -> float:
 
 
 PEAK_KINDS = {"fp32 FMA": 0, "bf16 vdpbf16ps": 1, "bf16 AMX": 2}  # kernels/cpu_peak.c's kinds
+DTYPE_UNITS = {torch.float32: ("fp32 FMA",), torch.bfloat16: ("bf16 vdpbf16ps", "bf16 AMX")}  # which serve a dtype
 
 
-def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3) -> dict[str, float | None]:
-    """The chip's arithmetic peak by instruction (PEAK_KINDS), GFLOP/s on `threads` threads
-    (0: torch's), the best of `repeats` runs of ~`seconds` each; None for what this CPU or build
-    lacks, or for every kind when no C compiler builds the kernel."""
+def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3,
+                names: tuple[str, ...] = tuple(PEAK_KINDS)) -> dict[str, float | None]:
+    """The chip's arithmetic peak by instruction (`names` of PEAK_KINDS), GFLOP/s on `threads`
+    threads (0: torch's), the best of `repeats` runs of ~`seconds` each; None for what this CPU or
+    build lacks, or for every kind when no C compiler builds the kernel."""
     import ctypes
 
     from kernels import native
@@ -109,11 +111,11 @@ def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3) -> di
     try:
         run = native.load(source, (), None, wrap)
     except RuntimeError:
-        return dict.fromkeys(PEAK_KINDS)
+        return dict.fromkeys(names)
     threads = threads or torch.get_num_threads()
     out: dict[str, float | None] = {}
-    for name, kind in PEAK_KINDS.items():
-        probe = 1 << 16
+    for name in names:
+        kind, probe = PEAK_KINDS[name], 1 << 16
         t = time.perf_counter()
         if run(kind, probe, threads) <= 0:
             out[name] = None
@@ -125,8 +127,7 @@ def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3) -> di
 
 def dtype_peak(peaks: dict[str, float | None], dtype: torch.dtype) -> float | None:
     """The fastest unit's peak for `dtype` (bf16: the AMX tiles or vdpbf16ps; fp32: FMA)."""
-    names = ("bf16 vdpbf16ps", "bf16 AMX") if dtype == torch.bfloat16 else ("fp32 FMA",)
-    rates = [peaks[n] for n in names if peaks.get(n)]
+    rates = [peaks[n] for n in DTYPE_UNITS[dtype] if peaks.get(n)]
     return max(rates) if rates else None
 
 
@@ -136,7 +137,7 @@ def limits(dtype: torch.dtype) -> dict:
     return {"gemm_prefill_gflops": round(gemm_gflops(dtype, PREFILL_SHAPE), 1),
             "gemm_decode_gflops": round(gemm_gflops(dtype, DECODE_SHAPE), 1),
             "memory_gbps": round(memory_gbps(), 2),
-            "peak_gflops": dtype_peak(peak_gflops(), dtype)}
+            "peak_gflops": dtype_peak(peak_gflops(names=DTYPE_UNITS[dtype]), dtype)}
 
 
 def chip() -> dict:

@@ -34,7 +34,7 @@ def best_ms(fn, repeats: int = 7) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     from kernels.cpu_linear import load
-    from structspec.bench.bound import dtype_peak, memory_gbps, peak_gflops
+    from structspec.bench.bound import DTYPE_UNITS, dtype_peak, memory_gbps, peak_gflops
     from structspec.engine.packed import PACK_ROWS
 
     p = argparse.ArgumentParser(prog="python -m structspec.bench.linear", description=__doc__.split("\n\n")[0])
@@ -50,13 +50,14 @@ def main(argv: list[str] | None = None) -> None:
     plain = [{k: (torch.randn(n, i, generator=gen) * 0.05).to(dtype) for k, (i, n) in SHAPES.items()}
              for _ in range(args.layers)]
     head = (torch.randn(VOCAB, 576, generator=gen) * 0.05).to(dtype)
-    nbytes = (sum(w.numel() for layer in plain for w in layer.values()) + head.numel()) * head.element_size()
+    weights = sum(w.numel() for layer in plain for w in layer.values()) + head.numel()
+    nbytes = weights * head.element_size()
     onednn = [{k: torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS) for k, w in layer.items()} for layer in plain]
     ours = [{k: native.pack(w) for k, w in layer.items()} for layer in plain]
     head_onednn, head_ours = torch.ops.mkldnn._reorder_linear_weight(head, PACK_ROWS), native.pack(head)
     del plain, head
     read_ms = nbytes / (memory_gbps() * 1e9) * 1000
-    peak = dtype_peak(peak_gflops(), dtype)  # the chip's, for this dtype (bench/bound.py)
+    peak = dtype_peak(peak_gflops(names=DTYPE_UNITS[dtype]), dtype)  # the chip's, for this dtype (bench/bound.py)
     print(f"{nbytes / 1e6:.0f} MB of {args.dtype} weights, read once in {read_ms:.2f} ms; the chip's {args.dtype} "
           f"peak {peak} GFLOP/s; {torch.get_num_threads()} threads")
     print("| rows | oneDNN (ms) | native (ms) | oneDNN / native | native / weight read | native GFLOP/s (of the peak) |")
@@ -78,7 +79,7 @@ def main(argv: list[str] | None = None) -> None:
 
         a, b = best_ms(run_onednn), best_ms(run_native)
         a, b = min(a, best_ms(run_onednn)), min(b, best_ms(run_native))
-        gflops = 2 * nbytes / torch.finfo(dtype).bits * 8 * m / (b / 1000) / 1e9  # 2 x weights x rows
+        gflops = 2 * weights * m / (b / 1000) / 1e9
         share = f" ({gflops / peak:.0%})" if peak else ""
         print(f"| {m} | {a:.2f} | {b:.2f} | {a / b:.2f}x | {b / read_ms:.2f}x | {gflops:.0f}{share} |")
 

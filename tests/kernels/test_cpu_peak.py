@@ -25,6 +25,7 @@ def test_each_unit_the_cpu_has_is_measured_and_none_it_lacks():
     assert (peaks["bf16 AMX"] is not None) == HAS_AMX, (peaks, HAS_AMX)
     for name, rate in peaks.items():
         assert rate is None or rate > 0, (name, rate)
+    assert set(bound.peak_gflops(seconds=0.02, repeats=1, names=bound.DTYPE_UNITS[torch.float32])) == {"fp32 FMA"}
 
 
 def test_the_avx2_build_measures_fp32_only(tmp_path):
