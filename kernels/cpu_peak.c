@@ -61,7 +61,9 @@ static double bf16_thread(int64_t iters) {
 }
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* Only in a build with AVX512-BF16, as in cpu_linear.c and cpu_attention.c (every AMX CPU has it):
+ * a build without AVX-512 stands for a CPU with neither, and GCC's -mno-avx512f leaves AMX on */
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 #include "cpu_amx.h"
 #define PEAK_AMX 1
 /* Tiles 0-5: six 16 x 16 fp32 accumulators; 6: A, 16 rows of 32 bf16; 7: B, 16 rows of 16 pairs.
