@@ -180,12 +180,25 @@ static inline void amx_linear_configure(int rows) {
 
 /* `m` rows of x (row stride ldx) against one group's packed stream pg: y's row for x's row r is
  * out[r] (NULL: r itself), columns cols of the group's GROUP. *configured: the tile row count
- * this thread's tiles are configured for (0: none yet). */
+ * this thread's tiles are configured for (0: none yet).
+ *
+ * The group's first tile streams its weights from memory, and the later tiles (more than 16 rows)
+ * read them from the core's cache, while the memory idles. `next` (or NULL): the stream of the
+ * group this thread runs next, whose lines the later tiles request into L2 in order, an equal
+ * share each, spread over their steps, so that the next group's read overlaps this group's
+ * arithmetic (as the vdpbf16ps loop's `tile` does). `warm`: this group's stream was so requested
+ * by the group before, and its first tile need not ask for it ahead. Requests only: the same
+ * arithmetic, the same bits. */
 static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t *pg, int64_t pairs,
                       const float *bias, uint16_t *y, int64_t ldy, int64_t cols, const int64_t *out,
-                      int *configured) {
+                      int *configured, const uint32_t *next, int warm) {
     float acc[16 * GROUP] __attribute__((aligned(64)));
+    const int64_t steps = pairs / AMX_PAIRS, lines = pairs * GROUP * 4 / 64;
     for (int64_t t = 0, r0 = 0, tiles = (m + 15) / 16; t < tiles; t++) {
+        /* tile t >= 1 requests lines [from, to) of `next`, `per_step` a step */
+        const int64_t from = next && t ? (t - 1) * lines / (tiles - 1) : 0, to = next && t ? t * lines / (tiles - 1) : 0;
+        const int64_t per_step = (to - from + steps - 1) / steps;
+        const char *ask = (const char *)next + from * 64, *ask_end = (const char *)next + to * 64;
         const int take = (int)TILE_TAKE(m, r0, tiles, t);
         if (take != *configured) {
             amx_linear_configure(take);
@@ -197,9 +210,10 @@ static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t 
         const uint16_t *xr = x + r0 * ldx;
         for (int64_t j = 0; j < pairs; j += AMX_PAIRS) {
             const uint32_t *pj = pg + j * GROUP;
-            if (t == 0) /* the first tile streams the group from memory: ask for it ahead */
+            if (t == 0 && !warm) /* the first tile streams the group from memory: ask for it ahead */
                 for (int l = 0; l < AMX_PAIRS * GROUP * 4; l += 64)
                     _mm_prefetch((const char *)pj + AHEAD + l, _MM_HINT_T0);
+            for (int64_t l = 0; l < per_step && ask < ask_end; l++, ask += 64) _mm_prefetch(ask, _MM_HINT_T1);
             _tile_loadd(3, xr + 2 * j, ldx * 2);
             _tile_loadd(4, pj, GROUP * 4);
             _tile_dpbf16ps(0, 3, 4);
@@ -218,6 +232,7 @@ static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t 
         r0 += take;
     }
 }
+
 #else
 #define LINEAR_AMX 0
 #endif
@@ -246,10 +261,15 @@ void structspec_linear(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
 #pragma omp parallel num_threads(threads) if (parallel)
         {
             int configured = 0;
+            int64_t last = -2; /* the group this thread ran last (a static schedule: its own run of groups) */
 #pragma omp for schedule(static)
-            for (int64_t g = 0; g < groups; g++)
-                amx_group(x, ldx, m, p + g * pairs * GROUP, pairs, bias ? bias + g * GROUP : 0, y + g * GROUP, ldy,
-                          n - g * GROUP < GROUP ? n - g * GROUP : GROUP, NULL, &configured);
+            for (int64_t g = 0; g < groups; g++) {
+                const uint32_t *pg = p + g * pairs * GROUP;
+                amx_group(x, ldx, m, pg, pairs, bias ? bias + g * GROUP : 0, y + g * GROUP, ldy,
+                          n - g * GROUP < GROUP ? n - g * GROUP : GROUP, NULL, &configured,
+                          g + 1 < groups ? pg + pairs * GROUP : NULL, last == g - 1 && m > 16);
+                last = g;
+            }
             if (configured) _tile_release();
         }
         return;
@@ -294,8 +314,8 @@ void structspec_linear_pruned(const uint16_t *x, int64_t ldx, int64_t m, int64_t
             for (int64_t w = g * BLOCKS; w < (g + 1) * BLOCKS && w < narrow; w++) want |= wanted[w];
 #if LINEAR_AMX
             if (amx) {
-                if (want) amx_group(x, ldx, m, pg, pairs, bg, yg, ldy, cols, NULL, &configured);
-                else amx_group(xd, k, nd, pg, pairs, bg, yg, ldy, cols, rows_of, &configured);
+                if (want) amx_group(x, ldx, m, pg, pairs, bg, yg, ldy, cols, NULL, &configured, NULL, 0);
+                else amx_group(xd, k, nd, pg, pairs, bg, yg, ldy, cols, rows_of, &configured, NULL, 0);
             } else
 #endif
             if (want) {
