@@ -193,11 +193,22 @@ static inline float row_max(const float *x, int64_t n) {
         memcpy(&v, x + i, sizeof v);
         mv[0] = lane_max(v, mv[0]);
     }
+#if VW == 16
+    /* the last n - i < 16: one masked load, the lanes past n keeping mv[1]'s (no larger than the
+     * maximum), then a tree across the lanes (the scalar compares of both had been ~a tenth of a
+     * prefill chunk's attention, rows of causal lengths ending anywhere in a vector) */
+    if (i < n) {
+        const __m512 v = _mm512_mask_loadu_ps((__m512)mv[1], (__mmask16)((1u << (n - i)) - 1), x + i);
+        mv[1] = lane_max(v, mv[1]);
+    }
+    return _mm512_reduce_max_ps((__m512)lane_max(lane_max(mv[3], mv[2]), lane_max(mv[1], mv[0])));
+#else
     vf all = lane_max(lane_max(mv[3], mv[2]), lane_max(mv[1], mv[0]));
     float m = all[0];
     for (int l = 1; l < VW; l++) m = all[l] > m ? all[l] : m;
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
+#endif
 }
 
 /* e^x lane by lane for x <= 0 (scores minus their row's maximum): Cody-Waite reduction (k
@@ -1032,7 +1043,10 @@ void structspec_attend(const void *q, int64_t q_st, int64_t q_sh, const void *k,
         if (amx) amx_configure();
 #endif
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t w = 0; w < work; w++) {
+        for (int64_t u = 0; u < work; u++) {
+            /* the last blocks first: a sequence's later row blocks see more keys, and the largest
+             * items taken last had left one thread finishing while the other waited */
+            const int64_t w = work - 1 - u;
             int64_t j = blocks[2 * (w / kv_heads)], r0 = blocks[2 * (w / kv_heads) + 1];
             int g = (int)(w % kv_heads);
             if (kv_bf16) /* a literal first argument: each call inlines a copy specialised for its KV type */
