@@ -179,8 +179,12 @@ static inline vf lane_max(vf a, vf b) {
  * step waiting on the last, had made this pass ~15% of a prefill chunk's attention) */
 static inline float row_max(const float *x, int64_t n) {
     vf mv[4];
+#if VW == 16
+    for (int c = 0; c < 4; c++) mv[c] = (vf)_mm512_set1_ps(x[0]);
+#else
     for (int c = 0; c < 4; c++)
         for (int i = 0; i < VW; i++) mv[c][i] = x[0];
+#endif
     int64_t i = 0;
     for (; i + 4 * VW <= n; i += 4 * VW)
         for (int c = 0; c < 4; c++) {
@@ -814,14 +818,12 @@ static inline __attribute__((always_inline)) void attend_item(
         float c16[16][16] __attribute__((aligned(64)));     /* [key][query] */
         for (int64_t q0 = 0; q0 < nq; q0 += 16) {
             int64_t nqt = nq - q0 < 16 ? nq - q0 : 16;
-            memset(qt, 0, sizeof qt);
+            const uint16_t *qrow[16];
             for (int64_t m = 0; m < nqt; m++) {
                 int64_t qi = q0 + m;
-                const uint32_t *qrow = (const uint32_t *)((const uint16_t *)q + (start + qi % rows) * q_st +
-                                                          ((int64_t)g * group + qi / rows) * q_sh);
-                for (int c = 0; c < D / 32; c++)
-                    for (int pp = 0; pp < 16; pp++) qt[c][pp][m] = qrow[c * 16 + pp];
+                qrow[m] = (const uint16_t *)q + (start + qi % rows) * q_st + ((int64_t)g * group + qi / rows) * q_sh;
             }
+            pairs_transposed(qrow, (int)nqt, (uint32_t (*)[16])qt); /* rows past nqt: zeros */
             _tile_loadd(3, qt[0], 64);
 #if D > 32
             _tile_loadd(4, qt[1], 64);
@@ -998,7 +1000,12 @@ static inline __attribute__((always_inline)) void attend_item(
         for (int64_t i = 0; i < rows; i++) {
             int64_t qi = hl * rows + i;
             float *o = out + (start + i) * o_st + ((int64_t)g * group + hl) * o_sh;
-            for (int d = 0; d < DV; d++) o[d] = acc[qi * DV + d] * inv[qi];
+            for (int d = 0; d < DV; d += VW) { /* whole vectors: GCC had made this a loop of 8 lanes */
+                vf a;
+                memcpy(&a, acc + qi * DV + d, sizeof a);
+                a = a * inv[qi];
+                memcpy(o + d, &a, sizeof a);
+            }
         }
     free(qs);
 }
