@@ -142,7 +142,8 @@ static inline vf rounded(vf v, int bf16) {
 }
 
 /* e^x for x <= 0: Cody-Waite reduction and a degree-6 polynomial, within 2 ulp of expf; the
- * power of two applied in two halves, so results below 2^-126 come out as expf's denormals */
+ * power of two applied with one rounding (scalef on AVX-512; elsewhere in two halves, the first
+ * exact), so results below 2^-126 come out as expf's denormals */
 static inline vf exp_nonpos(vf x) {
     const float shifter = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
     x = choose(x < -104.0f, (vf){0} - 104.0f, x); /* e^-104 is below the smallest denormal */

@@ -232,7 +232,6 @@ static void amx_group(const uint16_t *x, int64_t ldx, int64_t m, const uint32_t 
         r0 += take;
     }
 }
-
 #else
 #define LINEAR_AMX 0
 #endif
