@@ -145,13 +145,12 @@ static inline vf rounded(vf v, int bf16) {
  * power of two applied with one rounding (scalef on AVX-512; elsewhere in two halves, the first
  * exact), so results below 2^-126 come out as expf's denormals */
 static inline vf exp_nonpos(vf x) {
-    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
     x = choose(x < -104.0f, (vf){0} - 104.0f, x); /* e^-104 is below the smallest denormal */
 #if defined(__AVX512F__) /* the same bits in fewer instructions: k by roundscale (nearest even, as the
-                           * shifter rounds), p 2^k by scalef (one rounding: p 2^k1 is exact) */
+                           * shifter below rounds), p 2^k by scalef (one rounding: p 2^k1 is exact) */
     vf k = (vf)_mm512_roundscale_ps((__m512)(x * 1.44269504088896341f), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    (void)shifter;
 #else
+    const float shifter = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
     vf k = (x * 1.44269504088896341f + shifter) - shifter;
 #endif
     vf r = x - k * 0.693359375f;
