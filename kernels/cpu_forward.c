@@ -15,6 +15,7 @@
  * caller passes their entry points as addresses (kernels/cpu_forward.py takes them from ctypes).
  */
 #include <stdint.h>
+#include <string.h>
 
 typedef void (*linear_fn)(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint32_t *p, const float *bias,
                           uint16_t *y, int64_t ldy, int64_t n, int threads);
@@ -43,21 +44,31 @@ enum { W_NORM1, W_NORM2, W_QKV, W_QKV_BIAS, W_O, W_O_BIAS, W_GATE_UP, W_GATE_UP_
 /* the pass's buffers, as addresses: x [T, hidden] (the residual stream, updated in place), y [T,
  * hidden] (the last layer's MLP output, not yet added to x), then scratch: h [T, hidden], qkv [T,
  * (heads + 2 kv_heads) d], attention [T, heads, dv] fp32 and bf16, o [T, hidden], gate_up
- * [T, 2 intermediate], act [T, intermediate]; all of the model's dtype (bf16 or fp32) but the fp32
- * attention (an fp32 model's B_ATT is not used), rows contiguous */
-enum { B_X, B_Y, B_H, B_QKV, B_ATT32, B_ATT, B_O, B_GATE_UP, B_ACT, B_COUNT };
+ * [T, 2 intermediate], act [T, intermediate]; then, for a pass that keeps only some rows' output
+ * (out_rows), those rows' residual stream xo [R, hidden] and attention output [R, heads, dv]; all
+ * of the model's dtype (bf16 or fp32) but the fp32 attention (an fp32 model's B_ATT is not used),
+ * rows contiguous */
+enum { B_X, B_Y, B_H, B_QKV, B_ATT32, B_ATT, B_O, B_GATE_UP, B_ACT, B_XO, B_ATTO, B_COUNT };
 
-int structspec_forward_version(void) { return 2; } /* 2: fp32 models (the `fp32` argument) */
+int structspec_forward_version(void) { return 3; } /* 3: out_rows (the last layer's output for some rows) */
 
 /* Layers [0, S_LAYERS) over T rows: what LeanForward._fused does between the embedding and the
  * final norm, with rows, weights and cos, sin [T, head_dim] (row stride cs) of bf16, or of fp32
  * with `fp32` set, the attention's step table (num_seqs sequences; with_shared: its shared-prefix
  * rows) and KV buffers of bf16 (kv_bf16; bf16 rows only) or fp32. eps: [layers][2] (each layer's
- * two norms). */
+ * two norms).
+ *
+ * out_rows (out_count row indices; NULL: every row): the rows whose output the caller reads (the
+ * ones it takes logits of). Every row's keys and values are still written, so the last layer runs
+ * its norm, qkv, rotary and attention over all rows; what follows the attention there (o, the
+ * second norm, the MLP) only feeds those rows' output, so it runs over them alone: their residual
+ * stream is copied to xo and their attention output to atto, in out_rows' order, and y's first
+ * out_count rows become their MLP output. Each row's arithmetic is the same whatever rows run
+ * beside it (the kernels' chains do not depend on the row count), so the same bits. */
 void structspec_forward_layers(const int64_t *fns, const int64_t *sizes, const int64_t *weights, const float *eps,
                                const int64_t *buffers, int64_t rows, const void *cos, const void *sin, int64_t cs,
                                const int64_t *table, int64_t num_seqs, int with_shared, int kv_bf16, float scale,
-                               int fp32, int threads) {
+                               int fp32, const int64_t *out_rows, int64_t out_count, int threads) {
     linear_fn linear = (linear_fn)(intptr_t)fns[F_LINEAR];
     linear_f32_fn linear_f32 = (linear_f32_fn)(intptr_t)fns[F_LINEAR];
     norm_fn norm = (norm_fn)(intptr_t)fns[F_NORM];
@@ -73,28 +84,42 @@ void structspec_forward_layers(const int64_t *fns, const int64_t *sizes, const i
     float *att32 = (float *)(intptr_t)buffers[B_ATT32];
     void *att = fp32 ? (void *)att32 : (void *)(intptr_t)buffers[B_ATT], *o = (void *)(intptr_t)buffers[B_O];
     void *gu = (void *)(intptr_t)buffers[B_GATE_UP], *act = (void *)(intptr_t)buffers[B_ACT];
+    char *xo = (char *)(intptr_t)buffers[B_XO], *atto = (char *)(intptr_t)buffers[B_ATTO];
     const int64_t es = fp32 ? 4 : 2; /* bytes an element of the rows */
     const int bf16 = !fp32;
     /* y = a @ the packed weight, in the rows' type */
 #define LINEAR(a, lda, k, wi, out, ldo, nn)                                                          \
-    (fp32 ? linear_f32((const float *)(a), lda, rows, k, (const float *)PTR(wi), (const float *)PTR(wi + 1), \
+    (fp32 ? linear_f32((const float *)(a), lda, m, k, (const float *)PTR(wi), (const float *)PTR(wi + 1), \
                        (float *)(out), ldo, nn, threads)                                             \
-          : linear((const uint16_t *)(a), lda, rows, k, (const uint32_t *)PTR(wi), (const float *)PTR(wi + 1), \
+          : linear((const uint16_t *)(a), lda, m, k, (const uint32_t *)PTR(wi), (const float *)PTR(wi + 1), \
                    (uint16_t *)(out), ldo, nn, threads))
     for (int64_t l = 0; l < layers; l++) {
         const int64_t *w = weights + l * W_COUNT;
 #define PTR(i) ((const void *)(intptr_t)w[i])
+        int64_t m = rows; /* the rows the GEMMs run */
         norm(x, n, l ? y : 0, n, PTR(W_NORM1), h, n, rows, n, eps[2 * l], bf16, threads);
         LINEAR(h, n, n, W_QKV, qkv, qkv_n, qkv_n);
         rotary(qkv, qkv_n, heads + kvh, d, cos, sin, cs, rows, bf16, threads);
         attend(qkv, qkv_n, d, (char *)qkv + heads * d * es, qkv_n, d, (char *)qkv + (heads + kvh) * d * es, qkv_n, dv,
                bf16, kv_bf16, att32, att_n, dv, table, num_seqs, layers, l, (int)heads, (int)kvh, scale, 0,
                with_shared, threads);
-        if (bf16) round_bf16(att32, (uint16_t *)att, rows * att_n, threads);
-        LINEAR(att, att_n, att_n, W_O, o, n, n);
-        norm(x, n, o, n, PTR(W_NORM2), h, n, rows, n, eps[2 * l + 1], bf16, threads);
+        void *xl = x, *al = att; /* this layer's residual stream and attention output from here on */
+        if (out_rows && l == layers - 1) { /* the rows the caller reads, alone */
+            for (int64_t i = 0; i < out_count; i++) {
+                const int64_t r = out_rows[i];
+                memcpy(xo + i * n * es, (const char *)x + r * n * es, n * es);
+                if (bf16) round_bf16(att32 + r * att_n, (uint16_t *)(atto + i * att_n * es), att_n, 1);
+                else memcpy(atto + i * att_n * es, att32 + r * att_n, att_n * es);
+            }
+            xl = xo, al = atto, m = out_count;
+            if (!m) break;
+        } else if (bf16) {
+            round_bf16(att32, (uint16_t *)att, rows * att_n, threads);
+        }
+        LINEAR(al, att_n, att_n, W_O, o, n, n);
+        norm(xl, n, o, n, PTR(W_NORM2), h, n, m, n, eps[2 * l + 1], bf16, threads);
         LINEAR(h, n, n, W_GATE_UP, gu, 2 * inter, 2 * inter);
-        silu(gu, 2 * inter, act, inter, rows, inter, bf16, threads);
+        silu(gu, 2 * inter, act, inter, m, inter, bf16, threads);
         LINEAR(act, inter, inter, W_DOWN, y, n, n);
 #undef PTR
     }

@@ -59,11 +59,11 @@ class ForwardLayers:
 
     def __init__(self, path: Path):
         self.path = path
-        lib = native.open_library(path, SOURCE, "structspec_forward_version", 2)
+        lib = native.open_library(path, SOURCE, "structspec_forward_version", 3)
         i64, ptr, c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
         fn = lib.structspec_forward_layers
         fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, i64, c_int, c_int, ctypes.c_float, c_int,
-                       c_int]
+                       ptr, i64, c_int]
         fn.restype = None
         self._fn = fn
         self._lib = lib
@@ -107,18 +107,27 @@ class ForwardLayers:
         return Plan(fns, sizes, weights, torch.tensor(eps, dtype=torch.float32), tuple(keep), dtype)
 
     def run(self, plan: Plan, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, table: torch.Tensor,
-            kv_dtype: torch.dtype, scale: float, threads: int | None = None) -> torch.Tensor:
+            kv_dtype: torch.dtype, scale: float, out_rows: torch.Tensor | None = None,
+            threads: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer of `plan` over the rows x [T, hidden] (the plan's dtype, contiguous; the
         residual stream, updated in place), with rotary cos, sin [T, head_dim] (the same dtype,
         one row stride) and the attention's step table
         (kernels.cpu_attention.NativeAttention.attend's `table`, over KV buffers of `kv_dtype`:
-        bf16 only for bf16 rows): returns y [T, hidden], the last layer's MLP output, which the
-        caller adds to x (as LeanForward._fused does)."""
+        bf16 only for bf16 rows). Returns (the residual stream, y), each [R, hidden], of the rows
+        `out_rows` (int64 indices into the T rows; None: all of them, R = T): the caller adds the
+        two for those rows' output (as LeanForward._fused does). With out_rows, the last layer's o
+        projection and MLP run over those rows alone (cpu_forward.c), with the same bits."""
         layers, hidden, heads, kv_heads, d, dv, inter = plan.sizes.tolist()
         dtype = plan.dtype
         if x.dtype != dtype or x.dim() != 2 or x.shape[1] != hidden or not x.is_contiguous():
             raise ValueError(f"x must be contiguous {dtype} [T, {hidden}], got {x.dtype} {tuple(x.shape)}")
         rows = x.shape[0]
+        if out_rows is not None:
+            if out_rows.dtype != torch.int64 or out_rows.dim() != 1 or not out_rows.is_contiguous():
+                raise ValueError(f"out_rows must be a contiguous int64 vector, got {out_rows.dtype} "
+                                 f"{tuple(out_rows.shape)}")
+            if out_rows.numel() and not 0 <= int(out_rows.min()) <= int(out_rows.max()) < rows:
+                raise ValueError(f"out_rows must index the {rows} rows")
         for t, name in ((cos, "cos"), (sin, "sin")):
             if t.dtype != dtype or t.shape != (rows, d) or t.stride(1) != 1:
                 raise ValueError(f"{name} must be {dtype} [{rows}, {d}] with a unit last stride")
@@ -137,16 +146,20 @@ class ForwardLayers:
         # the fp32 attention output, then its bf16 rounding (an fp32 model's o projection reads the former)
         attention = (torch.empty(rows, heads * dv, dtype=torch.float32), torch.empty(0 if fp32 else rows, heads * dv,
                                                                                       **like))
+        kept = rows if out_rows is None else out_rows.numel()
+        # the kept rows' residual stream and attention output (used only with out_rows)
+        xo, atto = (torch.empty(0 if out_rows is None else kept, n, **like) for n in (hidden, heads * dv))
         scratch = (torch.empty(rows, hidden, **like), torch.empty(rows, (heads + kv_heads) * d + kv_heads * dv, **like),
                    *attention, torch.empty(rows, hidden, **like), torch.empty(rows, 2 * inter, **like),
-                   torch.empty(rows, inter, **like))
+                   torch.empty(rows, inter, **like), xo, atto)
         buffers = torch.tensor([x.data_ptr(), y.data_ptr(), *(t.data_ptr() for t in scratch)], dtype=torch.int64)
         if rows:
             self._fn(plan.fns.data_ptr(), plan.sizes.data_ptr(), plan.weights.data_ptr(), plan.eps.data_ptr(),
                      buffers.data_ptr(), rows, cos.data_ptr(), sin.data_ptr(), cos.stride(0), table.data_ptr(),
                      table.shape[1], int(table.shape[0] == 4 * layers + 6), int(kv_dtype == torch.bfloat16), scale,
-                     int(fp32), threads or torch.get_num_threads())
-        return y
+                     int(fp32), None if out_rows is None else out_rows.data_ptr(), kept,
+                     threads or torch.get_num_threads())
+        return (x, y) if out_rows is None else (xo, y[:kept])
 
 
 def load(cache_dir: Path | str | None = None) -> ForwardLayers:

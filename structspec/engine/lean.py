@@ -201,6 +201,7 @@ class LeanForward:
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, D], x's dtype
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         half, qk_width = d // 2, (h + kvh) * d
+        last_layer = self.layers[-1]
         for layer in self.layers:
             qkv = layer.qkv(rms_norm(x, layer.norm1, layer.eps1))
             qk = qkv[:, :qk_width].view(rows, h + kvh, d)
@@ -209,10 +210,13 @@ class LeanForward:
             key = qk[:, h:].transpose(0, 1).unsqueeze(0)
             value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
             out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
-            x = x + layer.o(out.reshape(rows, -1))
+            out = out.reshape(rows, -1)
+            if layer is last_layer and len(logits_rows) < rows:  # the rest only feeds the logits rows
+                x, out = x[logits_rows], out[logits_rows]
+            x = x + layer.o(out)
             gate_up = layer.gate_up(rms_norm(x, layer.norm2, layer.eps2))
             x = x + layer.down(F.silu(gate_up[:, :layer.intermediate]) * gate_up[:, layer.intermediate:])
-        return self._head(rms_norm(x[logits_rows], self.norm, self.eps), allowed)
+        return self._head(rms_norm(x, self.norm, self.eps), allowed)
 
     def _head(self, h: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
         """The lm_head over the final rows: pruned to what `allowed` allows where it can be
@@ -236,11 +240,12 @@ class LeanForward:
         native = isinstance(step, Step) and step.attention == "native"
         plan = self._layer_plan(step.native) if native else None
         if plan is not None:  # the same calls as the loop below, made from C
-            y = self.layer_loop.run(plan, x, cos, sin, step.native_table(), step.segments[0].slot.keys[0].dtype,
-                                    self.scaling)
-            last = x[logits_rows] + y[logits_rows]
-            return self._head(ops.add_rms_norm(last, None, self.norm, self.eps), allowed)
+            kept = logits_rows if len(logits_rows) < rows else None
+            xs, ys = self.layer_loop.run(plan, x, cos, sin, step.native_table(), step.segments[0].slot.keys[0].dtype,
+                                         self.scaling, kept)
+            return self._head(ops.add_rms_norm(xs + ys, None, self.norm, self.eps), allowed)
         y = None  # the last sublayer's output, not yet added to x
+        last_layer = self.layers[-1]
         for layer in self.layers:
             check = layer is self.layers[0]  # the C steps' argument checks: the same shapes every layer
             qkv = layer.qkv(ops.add_rms_norm(x, y, layer.norm1, layer.eps1, check=check))
@@ -254,10 +259,12 @@ class LeanForward:
                 key = qkv[:, q_width:qk_width].view(rows, kvh, d).transpose(0, 1).unsqueeze(0)
                 value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
                 out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
-            hidden = ops.add_rms_norm(x, layer.o(out.reshape(rows, -1)), layer.norm2, layer.eps2, check=check)
+            out = out.reshape(rows, -1)
+            if layer is last_layer and len(logits_rows) < rows:  # the rest only feeds the logits rows
+                x, out = x[logits_rows], out[logits_rows]
+            hidden = ops.add_rms_norm(x, layer.o(out), layer.norm2, layer.eps2, check=check)
             y = layer.down(ops.silu_mul(layer.gate_up(hidden), check=check))
-        last = x[logits_rows] + y[logits_rows]
-        return self._head(ops.add_rms_norm(last, None, self.norm, self.eps), allowed)
+        return self._head(ops.add_rms_norm(x + y, None, self.norm, self.eps), allowed)
 
     def loops_natively(self) -> bool:
         """Whether a pass with the native attention runs its layer loop in C: the loop library is

@@ -12,7 +12,7 @@ from test_cpu_layer import llama
 from test_cpu_linear import ENGINE_PICKS_F32, ENGINE_PICKS_IT, HAS_KERNEL, needs_dpbf16
 
 from kernels import cpu_linear
-from tests.unit.engine.test_lean import steps
+from tests.unit.engine.test_lean import some_rows_match_all_rows, steps
 
 pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones"),
               pytest.mark.skipif(not HAS_KERNEL, reason="the loop runs the native linear kernel, which needs "
@@ -54,6 +54,23 @@ def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(shared_cache, dtyp
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("loop", ["c", "python"])
+def test_the_last_layer_runs_only_the_rows_asked_for_with_the_same_bits(shared_cache, dtype, loop):
+    """A pass asked for some rows' logits runs its last layer's o projection and MLP over those
+    rows alone (in C, or in the Python loop over the same kernels): the same bits as the full
+    pass's at those rows, and the passes after it agree (tests/unit/engine/test_lean.py)."""
+    model = llama(dtype)
+
+    def make():
+        runner = runner_for(model, shared_cache)
+        if loop == "python":
+            runner.lean.layer_loop = None
+        return runner
+
+    some_rows_match_all_rows(make, exact=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_the_plan_follows_a_weight_changed_in_place(shared_cache, dtype):
     runner = runner_for(llama(dtype), shared_cache)
     lean, loop = runner.lean, runner.lean.layer_loop
@@ -84,6 +101,11 @@ def test_bad_arguments_are_refused_saying_what_is_wrong(shared_cache):
         loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos[:3], sin, table, torch.bfloat16, 0.25)
     with pytest.raises(ValueError, match=r"table must be contiguous int64 \[2 \* layers \+ 4, S\]"):
         loop.run(plan, torch.zeros(4, 64, dtype=torch.bfloat16), cos, sin, table[:5], torch.bfloat16, 0.25)
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="out_rows must index the 4 rows"):
+        loop.run(plan, x, cos, sin, table, torch.bfloat16, 0.25, torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match=r"out_rows must be a contiguous int64 vector, got torch.float32"):
+        loop.run(plan, x, cos, sin, table, torch.bfloat16, 0.25, torch.tensor([0.0]))
     with pytest.raises(ValueError, match="no layers"):
         loop.plan(lean.linear, lean.ops, runner.native, [], 4, 2, 96)
 

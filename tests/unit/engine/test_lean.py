@@ -26,10 +26,11 @@ def llama(dtype=torch.float32, seed: int = 7, **config):
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
-def steps(runner: BatchedRunner, first: int = 9):
+def steps(runner: BatchedRunner, first: int = 9, logits_rows=None):
     """Logits of three passes over three sequences, as the engine makes them: first chunks of
     two prompts (`first` and 6 rows), then one decode row of the first beside a 3-row
-    verification of the second and the first chunk of a third, then 2 + 1 rows."""
+    verification of the second and the first chunk of a third, then 2 + 1 rows. Every row's
+    logits, or those of `logits_rows` (a list of each pass's row indices)."""
     slots = [runner.make_slot(max(64, first + 16)) for _ in range(3)]
     gen = torch.Generator().manual_seed(0)
     ids = lambda n: torch.randint(1, 299, (n,), generator=gen)  # noqa: E731
@@ -43,8 +44,30 @@ def steps(runner: BatchedRunner, first: int = 9):
             tokens.append(ids(rows))
             positions.append(torch.arange(past, past + rows))
             start += rows
-        out.append(runner.forward(StepInputs(torch.cat(tokens), torch.cat(positions), segs, torch.arange(start))))
+        rows = torch.arange(start) if logits_rows is None else torch.tensor(logits_rows[len(out)], dtype=torch.long)
+        out.append(runner.forward(StepInputs(torch.cat(tokens), torch.cat(positions), segs, rows)))
     return out
+
+
+# each pass's logits rows where only some are asked for: none (a pass of prompt chunks alone, as the
+# engine's are), the leading rows (the engine's decode rows) and rows spread over the pass
+SOME_ROWS = [[], [0, 1, 2, 3], [0, 2]]
+
+
+def some_rows_match_all_rows(make, exact: bool) -> None:
+    """A pass asked for SOME_ROWS' logits (the lean forward then runs its last layer's o projection
+    and MLP over those rows alone) gives the full pass's logits at those rows: bit for bit where
+    every kernel's rows are independent of each other (`exact`), else within fp32's last bits; and
+    the passes after it, which read the keys and values it wrote, agree too."""
+    want = steps(make())
+    got = steps(make(), logits_rows=SOME_ROWS)
+    for g, w, rows in zip(got, want, SOME_ROWS):
+        w = w[rows]
+        assert g.shape == w.shape and g.dtype == w.dtype
+        if exact or not rows:  # (no rows: the shapes said it all)
+            assert torch.equal(g, w)
+        else:
+            assert (g.float() - w.float()).abs().max() <= 1e-5 * w.float().abs().max()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -66,6 +89,15 @@ def test_lean_logits_are_the_models_own(dtype, pack):
             assert torch.equal(g, w)
         else:
             assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("pack", [True, False])
+def test_the_last_layer_runs_only_the_rows_asked_for(dtype, pack):
+    """Through torch's operators (oneDNN's GEMMs, the torch attention): the same logits at the rows
+    asked for, within fp32's last bits (oneDNN's blocking may follow the row count)."""
+    model = llama(dtype)
+    some_rows_match_all_rows(lambda: make_runner(model, "torch", lean=True, pack=pack), exact=False)
 
 
 def test_the_model_keeps_its_weights_and_its_own_forward():
