@@ -126,8 +126,10 @@ class ForwardLayers:
             if out_rows.dtype != torch.int64 or out_rows.dim() != 1 or not out_rows.is_contiguous():
                 raise ValueError(f"out_rows must be a contiguous int64 vector, got {out_rows.dtype} "
                                  f"{tuple(out_rows.shape)}")
-            if out_rows.numel() and not 0 <= int(out_rows.min()) <= int(out_rows.max()) < rows:
-                raise ValueError(f"out_rows must index the {rows} rows")
+            if out_rows.numel():
+                low, high = torch.aminmax(out_rows)
+                if not 0 <= int(low) <= int(high) < rows:
+                    raise ValueError(f"out_rows must index the {rows} rows")
         for t, name in ((cos, "cos"), (sin, "sin")):
             if t.dtype != dtype or t.shape != (rows, d) or t.stride(1) != 1:
                 raise ValueError(f"{name} must be {dtype} [{rows}, {d}] with a unit last stride")

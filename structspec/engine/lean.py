@@ -201,7 +201,7 @@ class LeanForward:
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, D], x's dtype
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
         half, qk_width = d // 2, (h + kvh) * d
-        last_layer = self.layers[-1]
+        last_layer, kept = self.layers[-1], _kept_rows(logits_rows, rows)
         for layer in self.layers:
             qkv = layer.qkv(rms_norm(x, layer.norm1, layer.eps1))
             qk = qkv[:, :qk_width].view(rows, h + kvh, d)
@@ -211,8 +211,8 @@ class LeanForward:
             value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
             out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
             out = out.reshape(rows, -1)
-            if layer is last_layer and len(logits_rows) < rows:  # the rest only feeds the logits rows
-                x, out = x[logits_rows], out[logits_rows]
+            if layer is last_layer and kept is not None:
+                x, out = x[kept], out[kept]
             x = x + layer.o(out)
             gate_up = layer.gate_up(rms_norm(x, layer.norm2, layer.eps2))
             x = x + layer.down(F.silu(gate_up[:, :layer.intermediate]) * gate_up[:, layer.intermediate:])
@@ -239,8 +239,8 @@ class LeanForward:
         step = CURRENT.get()
         native = isinstance(step, Step) and step.attention == "native"
         plan = self._layer_plan(step.native) if native else None
+        kept = _kept_rows(logits_rows, rows)
         if plan is not None:  # the same calls as the loop below, made from C
-            kept = logits_rows if len(logits_rows) < rows else None
             xs, ys = self.layer_loop.run(plan, x, cos, sin, step.native_table(), step.segments[0].slot.keys[0].dtype,
                                          self.scaling, kept)
             return self._head(ops.add_rms_norm(xs + ys, None, self.norm, self.eps), allowed)
@@ -260,8 +260,8 @@ class LeanForward:
                 value = qkv[:, qk_width:].view(rows, kvh, -1).transpose(0, 1).unsqueeze(0)
                 out, _ = ragged_attention(layer.attn, query, key, value, None, scaling=self.scaling)
             out = out.reshape(rows, -1)
-            if layer is last_layer and len(logits_rows) < rows:  # the rest only feeds the logits rows
-                x, out = x[logits_rows], out[logits_rows]
+            if layer is last_layer and kept is not None:
+                x, out = x[kept], out[kept]
             hidden = ops.add_rms_norm(x, layer.o(out), layer.norm2, layer.eps2, check=check)
             y = layer.down(ops.silu_mul(layer.gate_up(hidden), check=check))
         return self._head(ops.add_rms_norm(x + y, None, self.norm, self.eps), allowed)
@@ -301,6 +301,14 @@ class LeanForward:
                                           self.layers[0].intermediate)
         self._plan_for = stamp
         return self._plan
+
+
+def _kept_rows(logits_rows: torch.Tensor, rows: int) -> torch.Tensor | None:
+    """The rows a pass's last layer runs its o projection and MLP over, after an attention over
+    all `rows` (which writes every row's keys and values): what follows it feeds only the final
+    norm and the lm_head, so only the logits rows (docs/kernels.md). None where those are every
+    row (the runner's logits rows are indices in order, so then they are all rows as they lie)."""
+    return logits_rows if len(logits_rows) < rows else None
 
 
 def _version(t: torch.Tensor) -> int | None:

@@ -44,8 +44,8 @@ def steps(runner: BatchedRunner, first: int = 9, logits_rows=None):
             tokens.append(ids(rows))
             positions.append(torch.arange(past, past + rows))
             start += rows
-        rows = torch.arange(start) if logits_rows is None else torch.tensor(logits_rows[len(out)], dtype=torch.long)
-        out.append(runner.forward(StepInputs(torch.cat(tokens), torch.cat(positions), segs, rows)))
+        wanted = torch.arange(start) if logits_rows is None else torch.tensor(logits_rows[len(out)], dtype=torch.long)
+        out.append(runner.forward(StepInputs(torch.cat(tokens), torch.cat(positions), segs, wanted)))
     return out
 
 
