@@ -415,7 +415,12 @@ def make_sampling_randoms(
     depend on what else is in the batch.  Per sequence, in this order:
     ``n_b`` uniforms ``1 - U[0, 1)``, which lie in (0, 1] (never 0); then
     ``(n_b + 1) x vocab_size`` Exp(1) samples clamped to at least the smallest
-    normal float32, so they are strictly positive.
+    normal float32, so they are strictly positive.  The Exp(1) samples are
+    ``-log1p(-U)`` of float64 uniforms (inversion): on a CPU, torch's
+    ``exponential_`` draws one value at a time and is ~2-3x slower over a
+    vocabulary.  float64 matters: the race is decided by the smallest draws, and
+    a float32 ``U`` would give ``0`` once in 2**24 draws, a token that then wins
+    whatever its probability (over a 49k vocabulary, ~0.3% of the rows).
 
     Returns float32 ``accept_uniform [sum n_b]`` and ``sample_noise
     [sum n_b + B, vocab_size]`` on ``device``.  Reads ``cu_num_draft`` on the host.
@@ -440,8 +445,8 @@ def make_sampling_randoms(
             raise TypeError(f"generators must hold torch.Generator objects, got {type(gen).__name__}")
         u = torch.rand(n, generator=gen, device=gen.device, dtype=torch.float32)
         uniforms.append((1.0 - u).to(device))
-        noise = torch.empty(n + 1, vocab_size, device=gen.device, dtype=torch.float32)
-        noises.append(noise.exponential_(generator=gen).clamp_(min=tiny).to(device))
+        noise = torch.rand(n + 1, vocab_size, generator=gen, device=gen.device, dtype=torch.float64)
+        noises.append(noise.neg_().log1p_().neg_().to(torch.float32).clamp_(min=tiny).to(device))
     if not uniforms:
         return torch.empty(0, device=device), torch.empty(0, vocab_size, device=device)
     return torch.cat(uniforms), torch.cat(noises)

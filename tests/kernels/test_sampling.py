@@ -206,3 +206,19 @@ def test_make_sampling_randoms_ranges_and_reproducibility() -> None:
         make_sampling_randoms(cu, 11, gens[:2], "cpu")
     empty_u, empty_noise = make_sampling_randoms(cu_from_lengths([]), 11, [], "cpu")
     assert empty_u.shape == (0,) and empty_noise.shape == (0, 11)
+
+
+def test_the_noise_is_exp1_and_its_smallest_draws_are_not_rounded() -> None:
+    """make_sampling_randoms draws Exp(1) by inversion of float64 uniforms. A race is decided
+    by the smallest draws: over 2**22 draws the ~64 below 2**-16 must all differ (inversion of
+    float32 uniforms, spaced 2**-24, would put them in 256 values: collisions all but certain)."""
+    from scipy.stats import kstest
+
+    _, noise = make_sampling_randoms(cu_from_lengths([63]), 1 << 16, [torch.Generator().manual_seed(5)], "cpu")
+    draws = noise.flatten().double()
+    assert draws.numel() == 1 << 22 and (draws > 0).all()
+    fit = kstest(draws[:200_000].numpy(), "expon")
+    assert fit.pvalue > 1e-3, fit
+    small = draws[draws < 2.0 ** -16]
+    assert 30 <= small.numel() <= 110, small.numel()  # 64 expected
+    assert small.unique().numel() == small.numel(), small.sort().values
