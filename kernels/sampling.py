@@ -417,8 +417,8 @@ def make_sampling_randoms(
     ``(n_b + 1) x vocab_size`` Exp(1) samples clamped to at least the smallest
     normal float32, so they are strictly positive.  The Exp(1) samples are
     ``-log1p(-U)`` of float64 uniforms (inversion): on a CPU, torch's
-    ``exponential_`` draws one value at a time and is ~2-3x slower over a
-    vocabulary.  float64 matters: the race is decided by the smallest draws, and
+    ``exponential_`` draws one value at a time, slower over a vocabulary
+    (docs/benchmarks.md).  float64 matters: the race is decided by the smallest draws, and
     a float32 ``U`` would give ``0`` once in 2**24 draws, a token that then wins
     whatever its probability (over a 49k vocabulary, ~0.3% of the rows).
 

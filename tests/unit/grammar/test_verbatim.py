@@ -129,7 +129,7 @@ def test_every_string_is_a_document_span_on_50_documents(tiny_engine, tiny_compa
     """Random weights pick arbitrary tokens: only the grammar keeps strings inside the document.
     (In flexible mode they fill the whitespace gaps too, so fewer documents finish, with more
     tokens each.) The 50 run as one batch: the grammar, not the batch, is under test here, and
-    one at a time took ~3.5x as long."""
+    one at a time is slower."""
     engine = tiny_compact_engine if whitespace == "compact" else tiny_engine
     assert engine.settings.json_whitespace == whitespace
     rows = deepjsoneval_rows(50)
