@@ -330,8 +330,9 @@ def test_default_model_batched_matches_one_at_a_time(default_engine, monkeypatch
         schema = bounded(row["schema"])
         for j, strategy in enumerate(("schema", "ngram", "composite")):
             adaptive = (i + j) % 2 == 0
+            # the three requests of a document share its prompt: one computes it, two copy it
             requests.append(Request(schema, row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=192),
-                                    acceptance=ACCEPTANCE if adaptive else None))
+                                    acceptance=ACCEPTANCE if adaptive else None, reuse_prompt=True))
     c = compare_batched(loaded, requests, DEFAULT_MODEL_EPS, monkeypatch, "default model", engine_max_seqs=8)
     tally, tap, refs, results, noise = c.tally, c.tap, c.refs, c.results, c.noise
     gaps = sorted(g for ref in refs for g in ref.margins)

@@ -145,7 +145,9 @@ def test_default_model_bf16_batched_matches_one_at_a_time(default_engine, monkey
     model = copy.deepcopy(default_engine.loaded.model).to(torch.bfloat16)
     loaded = from_model(model, default_engine.loaded.tokenizer, name="default-bf16")
     rows = deepjsoneval_rows(DEFAULT_MODEL_DOCS)
-    requests = [Request(bounded(row["schema"]), row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=160))
+    # the three requests of a document share its prompt: one computes it, two copy it
+    requests = [Request(bounded(row["schema"]), row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=160),
+                        reuse_prompt=True)
                 for i, row in enumerate(rows) for j, strategy in enumerate(("schema", "ngram", "composite"))]
     c = compare_batched(loaded, requests, DEFAULT_MODEL_BF16_EPS, monkeypatch, "default model bf16", engine_max_seqs=8)
     tally, tap, results, noise = c.tally, c.tap, c.results, c.noise
