@@ -105,7 +105,7 @@ def verify_sampling(
     """Masked speculative (rejection) sampling with caller-supplied randomness.
 
     ``temperature`` float32 [B] > 0; ``accept_uniform`` float32 [sum n_b] in
-    (0, 1]; ``sample_noise`` float32 [sum n_b + B, V] Exp(1) > 0 (see
+    (0, 1]; ``sample_noise`` float32 [B, V] Exp(1) > 0, a row per sequence (see
     :func:`make_sampling_randoms`); ``draft_probs`` float32 [sum n_b, V] or None
     for one-hot drafts.  Each emitted token is distributed as the masked,
     temperature-scaled target.  Returns ``(output_tokens, num_accepted)`` as

@@ -74,7 +74,7 @@ def make_inputs(batch: int, num_draft: int, vocab: int, dtype: torch.dtype, devi
     draft_tokens = target[:, :num_draft].reshape(-1).clamp(min=0)
     temperature = torch.ones(batch, device=device)
     accept_uniform = 1.0 - torch.rand(batch * num_draft, generator=gen, device=device)
-    sample_noise = torch.empty(num_rows, vocab, device=device).exponential_(generator=gen)
+    sample_noise = torch.empty(batch, vocab, device=device).exponential_(generator=gen)  # a row per sequence
     greedy_args = (logits, bitmask, draft_tokens, cu)
     sampling_args = greedy_args + (temperature, accept_uniform, sample_noise)
     return greedy_args, sampling_args
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         print(
             "\nTimes are medians over CUDA events around each call; a call's argument validation "
             "and its one device-to-host sync are inside them. The bound is the logits read once; "
-            "sampling also reads the fp32 noise row of the one row it draws from."
+            "sampling also reads its sequence's fp32 noise row where it draws."
         )
 
 

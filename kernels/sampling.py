@@ -11,9 +11,12 @@ bonus row's ``p``.  This makes each emitted token distributed exactly as the
 masked target.
 
 Draws use caller-supplied randomness so both backends are reproducible and
-agree: a draw from weights ``d`` is ``argmax_t d(t) / sample_noise[row, t]``
+agree: a draw from weights ``d`` is ``argmax_t d(t) / sample_noise[b, t]``
 over ``d(t) > 0`` with ``sample_noise ~ Exp(1)`` (the "exponential race";
-``P(argmax = t) = d(t) / sum(d)``, so ``d`` need not be normalised).
+``P(argmax = t) = d(t) / sum(d)``, so ``d`` need not be normalised).  One noise
+row per sequence serves whichever row it draws from: each sequence draws exactly
+once per call, and which row that is depends only on the acceptance uniforms,
+which are independent of the noise, so the draw is still exact.
 
 Float details both backends share, so that their decisions match: the
 acceptance test is evaluated as ``p(x) > 0 and u * q(x) <= p(x)`` (the same
@@ -81,7 +84,7 @@ def _verify_sampling_kernel(
     cu_num_draft_ptr,  # [B + 1] int32
     temperature_ptr,  # [B] fp32 > 0
     accept_uniform_ptr,  # [num_draft] fp32 in (0, 1]
-    sample_noise_ptr,  # [num_draft + B, V] fp32 Exp(1) > 0, unit column stride
+    sample_noise_ptr,  # [B, V] fp32 Exp(1) > 0 (one row per sequence), unit column stride
     draft_probs_ptr,  # [num_draft, V] fp32, unit column stride; unused unless HAS_DRAFT_PROBS
     output_tokens_ptr,  # [B, out_stride] int32, pre-filled with -1
     num_accepted_ptr,  # [B] int32
@@ -153,7 +156,7 @@ def _verify_sampling_kernel(
         else:
             # Draw one token by an exponential race: from max(p - q, 0) after a
             # rejection, from p on the bonus row.
-            noise_row = sample_noise_ptr + row * noise_stride_row
+            noise_row = sample_noise_ptr + seq.to(tl.int64) * noise_stride_row
             # q is subtracted only after a rejected draft (q = 0 on the bonus row).
             q_end = tl.where(has_draft, vocab_size, 0)  # draft_probs read for tokens < q_end
             q_token = tl.where(has_draft, x, -1)  # one-hot q's token, -1 = none
@@ -216,7 +219,7 @@ def _check_sampling_args(
         check_dtype(name, t, (torch.float32,))
     check_shape("temperature", temperature, (num_seqs,), "one per sequence")
     check_shape("accept_uniform", accept_uniform, (num_draft,), "one per draft token")
-    check_shape("sample_noise", sample_noise, (num_draft + num_seqs, vocab_size), "same shape as logits")
+    check_shape("sample_noise", sample_noise, (num_seqs, vocab_size), "one row per sequence")
     if draft_probs is not None:
         check_tensor("draft_probs", draft_probs)
         check_dtype("draft_probs", draft_probs, (torch.float32,))
@@ -260,8 +263,8 @@ def verify_sampling_triton(
             :func:`kernels.greedy.verify_greedy_triton`.
         temperature: float32 [B], finite and > 0.
         accept_uniform: float32 [sum(n_b)], uniforms in (0, 1], one per draft token.
-        sample_noise: float32 [sum(n_b) + B, V], Exp(1) samples > 0; row r is
-            used when a token is drawn at packed logits row r.
+        sample_noise: float32 [B, V], Exp(1) samples > 0; row b is used for
+            sequence b's one draw, at whichever of its rows that happens.
         draft_probs: float32 [sum(n_b), V] draft distributions q, or None for
             one-hot q on the draft tokens.
         block_v: vocab tile size override (power of two >= 32), for tests.
@@ -387,9 +390,9 @@ def verify_sampling_torch(
         q[rejected, draft[rej_draft]] = 1.0
     else:
         q[rejected] = draft_probs[rej_draft]
-    token = exponential_race_torch(torch.clamp(p - q, min=0), sample_noise[row])
+    token = exponential_race_torch(torch.clamp(p - q, min=0), sample_noise)
     # An all-zero residual (p == q) falls back to p.
-    fallback = exponential_race_torch(p, sample_noise[row])
+    fallback = exponential_race_torch(p, sample_noise)
     token = torch.where(token < 0, fallback, token)
 
     # Columns j < accepted hold the accepted drafts, then the drawn token, then -1.
@@ -414,8 +417,8 @@ def make_sampling_randoms(
     generator's device, then moved to ``device``), so a sequence's draws do not
     depend on what else is in the batch.  Per sequence, in this order:
     ``n_b`` uniforms ``1 - U[0, 1)``, which lie in (0, 1] (never 0); then
-    ``(n_b + 1) x vocab_size`` Exp(1) samples clamped to at least the smallest
-    normal float32, so they are strictly positive.  The Exp(1) samples are
+    ``vocab_size`` Exp(1) samples (the one row its draw races on) clamped to at
+    least the smallest normal float32, so they are strictly positive.  The Exp(1) samples are
     ``-log1p(-U)`` of float64 uniforms (inversion): on a CPU, torch's
     ``exponential_`` draws one value at a time, slower over a vocabulary
     (docs/benchmarks.md).  float64 matters: the race is decided by the smallest draws, and
@@ -423,7 +426,7 @@ def make_sampling_randoms(
     whatever its probability (over a 49k vocabulary, ~0.3% of the rows).
 
     Returns float32 ``accept_uniform [sum n_b]`` and ``sample_noise
-    [sum n_b + B, vocab_size]`` on ``device``.  Reads ``cu_num_draft`` on the host.
+    [B, vocab_size]`` on ``device``.  Reads ``cu_num_draft`` on the host.
     """
     check_tensor("cu_num_draft", cu_num_draft)
     check_dtype("cu_num_draft", cu_num_draft, (torch.int32,))
@@ -445,7 +448,7 @@ def make_sampling_randoms(
             raise TypeError(f"generators must hold torch.Generator objects, got {type(gen).__name__}")
         u = torch.rand(n, generator=gen, device=gen.device, dtype=torch.float32)
         uniforms.append((1.0 - u).to(device))
-        noise = torch.rand(n + 1, vocab_size, generator=gen, device=gen.device, dtype=torch.float64)
+        noise = torch.rand(1, vocab_size, generator=gen, device=gen.device, dtype=torch.float64)
         noises.append(noise.neg_().log1p_().neg_().to(torch.float32).clamp_(min=tiny).to(device))
     if not uniforms:
         return torch.empty(0, device=device), torch.empty(0, vocab_size, device=device)

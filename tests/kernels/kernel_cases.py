@@ -199,7 +199,7 @@ def oracle_sampling(
         for j, r in enumerate(rows):
             p = oracle_probs(logits[r], allowed[r], float(temperature[b]))
             if j == n:  # bonus row
-                out.append(oracle_race(p, noise[r]))
+                out.append(oracle_race(p, noise[b]))
                 break
             x = drafts[d + j]
             q = [0.0] * len(p)
@@ -211,8 +211,8 @@ def oracle_sampling(
                 out.append(x)
                 continue
             residual = [max(pt - qt, 0.0) for pt, qt in zip(p, q)]
-            token = oracle_race(residual, noise[r])
-            out.append(token if token >= 0 else oracle_race(p, noise[r]))
+            token = oracle_race(residual, noise[b])  # one noise row per sequence
+            out.append(token if token >= 0 else oracle_race(p, noise[b]))
             break
         outputs.append(out)
         counts.append(len(out) - 1)

@@ -25,10 +25,9 @@ SAMPLING = {"torch": verify_sampling_torch, "triton": verify_sampling_triton}
 def small_case(vocab: int = 40):
     gen = torch.Generator().manual_seed(0)
     batch = random_batch(gen, [2, 0, 1], vocab)
-    num_rows = batch.logits.shape[0]
     temperature = torch.ones(3)
     accept_uniform = torch.full((3,), 0.5)
-    sample_noise = torch.ones(num_rows, vocab)
+    sample_noise = torch.ones(3, vocab)  # a row per sequence
     return list(batch.args), [temperature, accept_uniform, sample_noise, None]
 
 
@@ -62,7 +61,7 @@ def test_dispatchers_agree(backend: str) -> None:
     kernels.apply_bitmask_inplace(expected, args[1], backend="torch")
     assert torch.equal(logits, expected)
     u, noise = kernels.make_sampling_randoms(cu_from_lengths([2, 1]), 9, [torch.Generator()] * 2, "cpu")
-    assert u.shape == (3,) and noise.shape == (5, 9)
+    assert u.shape == (3,) and noise.shape == (2, 9)
 
 
 # (case id, argument index, make the bad argument, exception, message regex);
@@ -106,7 +105,7 @@ BAD_SAMPLING = [
     ("temperature zero", 0, lambda e: torch.zeros(3), ValueError, "temperature must be finite and > 0"),
     ("uniform shape", 1, lambda e: e[1][:1], ValueError, r"accept_uniform must have shape \[3\]"),
     ("noise dtype", 2, lambda e: e[2].half(), TypeError, "sample_noise must have dtype float32"),
-    ("noise shape", 2, lambda e: e[2][:, :5], ValueError, r"sample_noise must have shape \[6, 40\]"),
+    ("noise shape", 2, lambda e: e[2][:, :5], ValueError, r"sample_noise must have shape \[3, 40\]"),
     ("draft_probs shape", 3, lambda e: torch.ones(3, 41), ValueError, r"draft_probs must have shape \[3, 40\]"),
     ("draft_probs device", 3, lambda e: torch.ones(3, 40, device="meta"), ValueError, "draft_probs is on meta"),
 ]

@@ -43,7 +43,7 @@ def _setup(num_seqs: int, with_draft_probs: bool, seed: int):
     cu = torch.arange(num_seqs + 1, dtype=torch.int32)
     temperature = torch.full((num_seqs,), TEMPERATURE)
     accept_uniform = 1.0 - torch.rand(num_seqs, generator=gen)
-    sample_noise = torch.empty(2 * num_seqs, VOCAB).exponential_(generator=gen).clamp_(min=1e-30)
+    sample_noise = torch.empty(num_seqs, VOCAB).exponential_(generator=gen).clamp_(min=1e-30)
     draft_probs = q.repeat(num_seqs, 1) if with_draft_probs else None
     p = masked_probs_torch(row.unsqueeze(0), pack_bitmask(allowed_row.unsqueeze(0)), torch.tensor([TEMPERATURE]))[0]
     args = (logits, bitmask, drafts, cu, temperature, accept_uniform, sample_noise, draft_probs)
