@@ -122,6 +122,30 @@ class Settings:
     # needs `Authorization: Bearer <metrics_token>` and breaks the totals down per tenant and schema.
     metrics_token: str = ""
     job_queue: str = "structspec"  # Celery queue the API publishes to and the worker consumes
+    # Time limits (docs/api.md#limits). A job running longer than its options' timeout_s (default
+    # this) fails naming the limit; the engine checks it every step.
+    job_timeout_s: int = 600
+    # an engine loop that makes no progress (no step ends) this long while it holds work is hung:
+    # the worker stops renewing its leases (the reaper hands the jobs on) and exits for its supervisor
+    engine_watchdog_s: int = 300
+    # Files: reading one (PDF text layer, rendering, OCR) is job work, done by a worker that consumes
+    # this queue (`structspec worker` consumes both by default); every decoder has a budget.
+    ingest_queue: str = "structspec-ingest"
+    max_file_bytes: int = 50 * 1024 * 1024  # one file: uploaded (POST /v1/files) or inline (base64)
+    ingest_max_pages: int = 200  # pages of one document (PDF pages, TIFF frames)
+    ingest_max_ocr_pages: int = 20  # pages of one document read by OCR
+    # pixels of one decoded image or rendered page: an image over it is refused; a PDF page is
+    # rendered at a lower resolution to fit (the result's warnings say so)
+    ingest_max_page_pixels: int = 50_000_000
+    ingest_max_document_pixels: int = 300_000_000  # all pages of one document that are decoded or rendered
+    ingest_ocr_page_timeout_s: int = 60  # OCR of one page
+    ingest_timeout_s: int = 240  # reading one document, every page; then the job fails naming it
+    ingest_max_decompressed_mb: int = 512  # a PDF's streams, decompressed
+    ingest_max_memory_mb: int = 1024  # the process reading one document, above its start
+    # Failed authentication (a wrong or revoked key), per client address: a bucket of
+    # auth_failure_burst refilled at auth_failures_per_minute; empty -> 429 with Retry-After. 0 = off.
+    auth_failures_per_minute: int = 10
+    auth_failure_burst: int = 20
     submit_timeout_s: int = 5  # broker connect/publish bound at submit; then 503
     # POST /openai/v1/chat/completions waits this long for its job; then 504 naming the job
     chat_timeout_s: int = 120
