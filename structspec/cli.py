@@ -458,6 +458,8 @@ def cmd_worker(args) -> int:
     def _logging(loglevel=None, **_):  # a receiver replaces Celery's own logging set-up
         setup_logging(settings.log_format, loglevel or logging.INFO)
 
+    if args.queues == "ingest":
+        return _run_readers(app, args, settings)
     if args.pool == "threads":
         # Enough messages in flight to keep the engine full even when each carries one job (single
         # POSTs); a batch's messages carry job_chunk_size jobs, which wait in the engine's queue.
@@ -472,6 +474,8 @@ def cmd_worker(args) -> int:
     except Exception as e:
         raise CliError(f"worker cannot load model {settings.model!r}: {' '.join(str(e).split())[:1000]}; "
                        "not consuming jobs (they stay queued)") from e
+    if args.queues == "all":
+        _start_reader_process(args)
     # --quiet: no start-up banner on stdout (it is not a log line, and not JSON)
     quiet = ["--quiet"] if settings.log_format == "json" else []  # a `celery` option, before `worker`
     argv = [*quiet, "worker", f"--pool={args.pool}", f"--concurrency={concurrency}",
@@ -481,6 +485,47 @@ def cmd_worker(args) -> int:
         argv.append(f"--hostname={args.hostname}")
     app.worker_main(argv)
     return 0
+
+
+def _run_readers(app, args, settings: Settings) -> int:
+    """A worker that only reads files (the ingest queue): no model, `--readers` task threads,
+    each read in a child process of its own (structspec.ingest.read_isolated)."""
+    from worker.tasks import PROCESS
+
+    PROCESS.reads_only = True  # its worker_ready hook then builds no engine
+    readers = args.readers or os.cpu_count() or 1
+    quiet = ["--quiet"] if settings.log_format == "json" else []
+    argv = [*quiet, "worker", "--pool=threads", f"--concurrency={readers}", f"--queues={settings.ingest_queue}",
+            f"--loglevel={args.loglevel}", "--without-gossip", "--without-mingle", "--without-heartbeat"]
+    if args.hostname:
+        argv.append(f"--hostname=reader-{args.hostname}")
+    app.worker_main(argv)
+    return 0
+
+
+def _start_reader_process(args) -> None:
+    """`--queues all`: the files are read by a second worker process, started here with this
+    one's arguments and stopped with it (it gets SIGTERM when this process exits, however it
+    exits), so OCR never takes the model's task threads."""
+    import atexit
+    import signal
+    import subprocess
+
+    def die_with_parent() -> None:  # Linux: PR_SET_PDEATHSIG
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+        except OSError:
+            pass
+
+    command = [sys.executable, "-m", "structspec.cli", "worker", "--queues", "ingest", "--loglevel", args.loglevel]
+    if args.readers:
+        command += ["--readers", str(args.readers)]
+    if args.hostname:
+        command += ["--hostname", args.hostname]
+    child = subprocess.Popen(command, preexec_fn=die_with_parent if sys.platform.startswith("linux") else None)
+    atexit.register(lambda: child.poll() is None and child.terminate())
 
 
 def client_options(args) -> dict:
@@ -799,6 +844,12 @@ def add_worker_command(sub, defaults: Settings) -> None:
                    help="threads pool: messages run at once by task threads feeding the one engine (default: "
                         "STRUCTSPEC_ENGINE_MAX_SEQS + 1, enough to keep it full with one job per message); "
                         "prefork pool: processes (default 2)")
+    p.add_argument("--queues", choices=("all", "model", "ingest"), default="all",
+                   help="model: extraction jobs (STRUCTSPEC_JOB_QUEUE; loads the model); ingest: reading files (PDF "
+                        "text layers, rendering, OCR; STRUCTSPEC_INGEST_QUEUE; no model); all (default): both, the "
+                        "files read by a second process this one starts and stops")
+    p.add_argument("--readers", type=int, default=0,
+                   help="files read at once (each in a child process of its own; default: one per CPU core)")
     p.add_argument("--loglevel", default="INFO")
     p.add_argument("--hostname", help="Celery node name (default celery@HOST)")
     p.set_defaults(func=cmd_worker)

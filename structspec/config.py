@@ -130,7 +130,7 @@ class Settings:
     engine_watchdog_s: int = 300
     # Files: reading one (PDF text layer, rendering, OCR) is job work, done by a worker that consumes
     # this queue (`structspec worker` consumes both by default); every decoder has a budget.
-    ingest_queue: str = "structspec-ingest"
+    ingest_queue: str = ""  # empty: job_queue + "-ingest"
     max_file_bytes: int = 50 * 1024 * 1024  # one file: uploaded (POST /v1/files) or inline (base64)
     ingest_max_pages: int = 200  # pages of one document (PDF pages, TIFF frames)
     ingest_max_ocr_pages: int = 20  # pages of one document read by OCR
@@ -174,6 +174,8 @@ class Settings:
         # keeps resolved URLs, so pass database_url/broker_url="" when replacing data_dir.
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{Path(self.data_dir) / 'structspec.db'}")
+        if not self.ingest_queue:
+            object.__setattr__(self, "ingest_queue", f"{self.job_queue}-ingest")
         if not self.broker_url:
             object.__setattr__(self, "broker_url", f"sqla+sqlite:///{Path(self.data_dir) / 'broker.db'}")
 

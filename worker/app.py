@@ -20,6 +20,7 @@ from structspec.db import bells
 from structspec.db.session import ensure_sqlite_dir
 
 RUN_JOBS = "structspec.run_jobs"
+READ_FILES = "structspec.read_files"  # worker/ingest.py: read the files of jobs, on the ingest queue
 
 
 EMBEDDED_BROKER_POLL_S = 0.05  # seconds between the embedded broker's looks for a message
@@ -106,7 +107,7 @@ def make_celery(settings: Settings) -> Celery:
         ensure_sqlite_dir(settings.broker_url)  # the embedded broker's file needs its directory
     except OSError:
         pass  # reported when used (health check 503, submit 503, worker start-up error)
-    app = Celery("structspec", broker=settings.broker_url, include=["worker.tasks"])
+    app = Celery("structspec", broker=settings.broker_url, include=["worker.tasks", "worker.ingest"])
     if settings.broker_url.startswith("sqla+"):
         # The embedded broker is polled: kombu's virtual transports look for a message once a
         # second when the queue is empty, so a job submitted alone waited 0.5 s on average (up to
@@ -155,24 +156,36 @@ def enqueue(app: Celery, ids: Sequence[uuid.UUID], chunk_size: int | None = None
     each, over one connection, failing (kombu/redis OperationalError, OSError) within about
     submit_timeout_s when the broker is unreachable."""
     settings: Settings = app.structspec_settings
+    _publish(app, RUN_JOBS, settings.job_queue, chunks(ids, chunk_size or settings.job_chunk_size))
+
+
+def enqueue_reads(app: Celery, ids: Sequence[uuid.UUID]) -> None:
+    """Publish `ids` (jobs whose file is to be read) to the ingest queue, one job per message:
+    each read takes seconds, and one per message spreads them over every reader. Fails as
+    `enqueue` does."""
+    _publish(app, READ_FILES, app.structspec_settings.ingest_queue, chunks(ids, 1))
+
+
+def _publish(app: Celery, task: str, queue: str, messages: Iterable[list[str]]) -> None:
+    settings: Settings = app.structspec_settings
     with app.connection_for_write() as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0,
                                timeout=settings.submit_timeout_s)
-        for chunk in chunks(ids, chunk_size or settings.job_chunk_size):
-            app.send_task(RUN_JOBS, args=[chunk], queue=settings.job_queue, retry=False, connection=conn)
+        for chunk in messages:
+            app.send_task(task, args=[chunk], queue=queue, retry=False, connection=conn)
     bells.ring(settings.broker_url, bells.WORKER)  # the embedded broker's workers look now (else: no-op)
 
 
-def queue_depth(app: Celery) -> int:
-    """Messages waiting in the job queue (not those a worker has taken); 0 when the queue does
-    not exist (yet, or no longer: Redis drops an empty list). Raises like `enqueue` when the
-    broker is unreachable."""
+def queue_depth(app: Celery, queue: str | None = None) -> int:
+    """Messages waiting in `queue` (default: the job queue), not those a worker has taken; 0 when
+    the queue does not exist (yet, or no longer: Redis drops an empty list). Raises like `enqueue`
+    when the broker is unreachable."""
     settings: Settings = app.structspec_settings
     with app.connection_for_read() as conn:
         conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=settings.submit_timeout_s)
         channel = conn.channel()
         try:
-            return channel.queue_declare(queue=settings.job_queue, passive=True).message_count
+            return channel.queue_declare(queue=queue or settings.job_queue, passive=True).message_count
         except conn.channel_errors:
             return 0
         finally:

@@ -25,7 +25,8 @@ from structspec.config import Settings
 from structspec.db.columns import database_now
 from structspec.db.idempotency import purge_expired_keys
 from structspec.db.jobs import BatchRepository, JobRepository
-from structspec.db.openai_batches import delete_expired_files, delete_expired_openai_batches
+from structspec.db.files import delete_expired_files
+from structspec.db.openai_batches import delete_expired_openai_batches
 
 log = logging.getLogger("structspec.worker")
 

@@ -46,7 +46,7 @@ from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions
 from structspec.services.strategy import InFlight, acceptance_curve, concrete_options
-from worker.app import RUN_JOBS, app, enqueue, queue_depth, report_engine_busy
+from worker.app import RUN_JOBS, app, enqueue, enqueue_reads, queue_depth, report_engine_busy
 from worker.progress import PROGRESS, Pieces
 from worker.retention import PURGE_EVERY_S, purge_expired
 from worker.webhooks import deliver_webhooks
@@ -72,6 +72,7 @@ class _Process:
         self._submissions = None
         self._sessions = None
         self.forking = False
+        self.reads_only = False  # a worker of the ingest queue alone: no engine (worker/ingest.py)
         self.torch_threads = 0  # prefork: threads each child uses (0: torch's default)
 
     def engine(self, settings: Settings):
@@ -498,21 +499,30 @@ def republish_stranded(settings: Settings, sessions) -> int:
     ago, but only while the broker's queue is empty: with a backlog their messages are most
     likely still waiting in it, and publishing copies would only grow it. (A copy of a message
     that was not lost after all is harmless: its claim finds the job taken or finished.)"""
-    if queue_depth(app) > 0:
+    return _republish(settings, sessions, reading=False) + _republish(settings, sessions, reading=True)
+
+
+def _republish(settings: Settings, sessions, reading: bool) -> int:
+    """republish_stranded for the model's queue, or (`reading`) for the ingest queue's jobs,
+    whose file is still to be read (a reader that died left its lease to run out)."""
+    if queue_depth(app, settings.ingest_queue if reading else settings.job_queue) > 0:
         return 0
     token = "reaper-" + uuid.uuid4().hex[:16]
     with sessions.begin() as session:
         repo = JobRepository(session)
-        first, later = repo.claim_stranded(token, settings.job_republish_after_s)
-        if first:
+        first, later = repo.claim_stranded(token, settings.job_republish_after_s, reading=reading)
+        if reading and first + later:
+            enqueue_reads(app, first + later)
+        if not reading and first:
             enqueue(app, first)
-        if later:
+        if not reading and later:
             enqueue(app, later, chunk_size=1)  # each runs alone (Isolation): one per message
         ids = first + later
         refs = repo.refs(ids)
     for job_id in ids:
-        log.warning("job published again: still queued %d s after its message went out, with the queue empty "
-                    "(message lost)", settings.job_republish_after_s, extra=_ref_fields(job_id, refs))
+        log.warning("job published again%s: still queued %d s after its message went out, with the queue empty "
+                    "(message lost, or its reader died)", " to have its file read" if reading else "",
+                    settings.job_republish_after_s, extra=_ref_fields(job_id, refs))
     return len(ids)
 
 
@@ -570,7 +580,7 @@ def _on_ready(sender=None, **_) -> None:
     settings = app.structspec_settings
     _REAPER = Reaper(settings)
     _REAPER.start()
-    if not PROCESS.forking:  # loaded already by `structspec worker`; `celery worker` loads it here
+    if not PROCESS.forking and not PROCESS.reads_only:  # loaded already by `structspec worker`; `celery worker` here
         PROCESS.loop(settings)
 
 

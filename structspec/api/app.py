@@ -60,7 +60,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         engine.dispose()
 
     return Litestar(
-        route_handlers=[SchemaController, ExtractionController, BatchController, HealthController,
+        route_handlers=[SchemaController, ExtractionController, BatchController, FileController, HealthController,
                         MetricsController, OpenAIController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,

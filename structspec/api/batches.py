@@ -44,6 +44,12 @@ _ENTRY = Schema(one_of=[
                        "content": Schema(type=OpenAPIType.STRING, description="the document's file, base64: a PDF, "
                                          "an image (PNG, JPEG, TIFF; read by OCR) or UTF-8 text"),
                        "media_type": Schema(type=OpenAPIType.STRING, max_length=200,
+                                            description="the file's media type; its first bytes decide first")}),
+    Schema(type=OpenAPIType.OBJECT, required=["file_id"], additional_properties=False,
+           properties={"id": _ID,
+                       "file_id": Schema(type=OpenAPIType.STRING, max_length=40,
+                                         description="an uploaded file (POST /v1/files, purpose user_data)"),
+                       "media_type": Schema(type=OpenAPIType.STRING, max_length=200,
                                             description="the file's media type; its first bytes decide first")})])
 BATCH_BODY = RequestBody(required=True, content={
     "application/json": OpenAPIMediaType(schema=Schema(
@@ -76,8 +82,9 @@ class BatchController(Controller):
           description="JSON {schema_id, documents: [{id?, document} | {id?, content, media_type?}], options?, "
                       "webhook_url?}, or an NDJSON body (Content-Type application/x-ndjson, one entry per line) "
                       "with schema_id, options and webhook_url as query parameters. A document is text "
-                      "(`document`) or a file (`content`, base64: PDF, PNG, JPEG, TIFF), read while the request "
-                      "waits. Bad entries are listed in `rejected`.",
+                      "(`document`), a file (`content`, base64: PDF, PNG, JPEG, TIFF) or an uploaded file "
+                      "(`file_id`); a file is checked while the request waits and read by a worker (the job's "
+                      "phase is `reading` until then). Bad entries are listed in `rejected`.",
           responses=_errors(400, 404, 413, 422, 503), operation_class=BatchSubmitOperation)
     async def submit(
             self, request: Request, jobs: Jobs, idempotency_key: IdempotencyKey = None,

@@ -54,7 +54,7 @@ def _accepted_types(path: str) -> tuple[str, ...]:
     """The body media types of a route: JSON, and NDJSON for batches, multipart for file uploads."""
     if path.rstrip("/") == "/v1/batches":
         return _JSON_TYPES
-    if path.rstrip("/") == "/openai/v1/files":
+    if path.rstrip("/") in ("/openai/v1/files", "/v1/files"):
         return ("multipart/form-data",)
     return ("application/json",)
 

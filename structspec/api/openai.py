@@ -32,15 +32,14 @@ from typing import Annotated, Any, AsyncIterator
 import anyio
 import msgspec
 from litestar import Controller, MediaType, Request, Response, delete, get, post
-from litestar.datastructures import State, UploadFile
-from litestar.enums import RequestEncodingType
-from litestar.params import Body, JSONBody
+from litestar.datastructures import State
+from litestar.params import JSONBody
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 
 from structspec.api.errors import ApiError, ErrorBody, handle_exception
 from structspec.api.extractions import REPLAYED, provide_job_service
-from structspec.api.guard import check_body
+from structspec.api.uploads import read_upload
 from structspec.api.services.jobs import Idempotency, JobService
 from structspec.api.services.openai import (ChatRequest, OpenAIBatchService, bad_request, completion, error_object,
                                             flatten, read_chat_request, served_model, stream_chunks)
@@ -99,7 +98,7 @@ class OpenAIController(Controller):
         def submit() -> tuple[ChatRequest, uuid.UUID]:
             chat = read_chat_request(data, jobs)
             return chat, jobs.submit_chat(chat.schema, chat.messages, chat.options, stream=chat.stream,
-                                          registered_by=f"POST {PREFIX}/chat/completions")
+                                          registered_by=f"POST {PREFIX}/chat/completions", files=chat.files)
 
         chat, job_id = await anyio.to_thread.run_sync(submit)
         if chat.stream:
@@ -124,24 +123,25 @@ class OpenAIController(Controller):
 
     # --- files ---------------------------------------------------------------------------------
 
-    @post("/files", status_code=200, summary="Upload a file (multipart: file, purpose)",
+    # no body limit here: the upload is counted as it streams, against max_file_bytes (api/uploads.py)
+    @post("/files", status_code=200, request_max_body_size=None, summary="Upload a file (multipart: file, purpose)",
           description="purpose batch: a batch's JSONL input; purpose user_data: a document (PDF, PNG, JPEG, TIFF "
-                      "or text) that a chat message's file part names by file_id")
-    async def upload_file(self, request: Request, state: State, data: Annotated[
-            dict[str, Any], Body(media_type=RequestEncodingType.MULTI_PART)]) -> dict[str, Any]:
-        upload, purpose = data.get("file"), data.get("purpose")
-        if not isinstance(upload, UploadFile):
-            raise bad_request("a multipart field `file` holding the file is required", "file")
-        if not isinstance(purpose, str):
-            raise bad_request("a multipart field `purpose` is required (batch or user_data)", "purpose")
-        content = await upload.read()
-        if purpose == "batch":  # JSONL text; a user_data file is a document's bytes (a PDF, an image)
-            check_body(content, ndjson=True)
-        if "\x00" in (upload.filename or ""):
-            raise bad_request("the file name holds U+0000 (NUL)", "file")
-        service = batch_service(state, request)
-        return await anyio.to_thread.run_sync(service.upload, upload.filename or "upload.jsonl", purpose, content,
-                                              upload.content_type)
+                      "or text) that a chat message's file part names by file_id. Streamed to the file store "
+                      "(shared with /v1/files); at most max_file_bytes.")
+    async def upload_file(self, request: Request, state: State) -> dict[str, Any]:
+        upload = await read_upload(request, state.settings.max_file_bytes)
+        try:
+            purpose = upload.fields.get("purpose")
+            if upload.file is None:
+                raise bad_request("a multipart field `file` holding the file is required", "file")
+            if purpose is None:
+                raise bad_request("a multipart field `purpose` is required (batch or user_data)", "purpose")
+            if "\x00" in (upload.filename or ""):
+                raise bad_request("the file name holds U+0000 (NUL)", "file")
+            service = batch_service(state, request)
+            return await anyio.to_thread.run_sync(service.upload, upload, purpose)
+        finally:
+            upload.close()
 
     @get("/files", sync_to_thread=True, summary="The tenant's files, newest first")
     def list_files(self, request: Request, state: State, purpose: str | None = None, after: str | None = None,

@@ -129,6 +129,9 @@ class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
         description="the document's file, base64: a PDF, an image (PNG, JPEG, TIFF; read by OCR, as are "
                     "PDF pages without a text layer), or UTF-8 text (docs/api.md, Document formats). "
                     "Give this or `document`")] | None = None
+    file_id: Annotated[str, msgspec.Meta(
+        max_length=40, pattern=NO_NUL,
+        description="an uploaded file (POST /v1/files) to extract from. Give `document`, `content` or this")] | None = None
     media_type: Annotated[str, msgspec.Meta(
         max_length=200, pattern=NO_NUL,
         description="the media type of `content` (application/pdf, image/png, image/jpeg, image/tiff, "
@@ -185,9 +188,14 @@ class PageBox(msgspec.Struct, kw_only=True):
                     "(its scanned pages too), in pixels for an image")]
 
 
+PHASE = msgspec.Meta(description="reading: the job's file is being read (queued for a reader, or read now; "
+                                  "docs/api.md, Document formats); null otherwise")
+
+
 class JobRead(msgspec.Struct, kw_only=True):
     id: uuid.UUID
     status: Annotated[str, msgspec.Meta(description="queued | running | succeeded | failed | cancelled")]
+    phase: Annotated[str | None, PHASE]
     schema_id: uuid.UUID
     batch_id: uuid.UUID | None
     result: Any
@@ -205,6 +213,9 @@ class JobRead(msgspec.Struct, kw_only=True):
     boxes: Annotated[dict[str, list[PageBox]] | None, msgspec.Meta(
         description="for a document sent as a PDF or an image, per span (by JSON Pointer): the page and box of "
                     "each line the value covers (see docs/api.md, Document formats)")] = None
+    warnings: Annotated[list[str] | None, msgspec.Meta(
+        description="what reading the job's file had to say (e.g. a page rendered at a lower resolution to stay "
+                    "within a limit); null when nothing")] = None
 
 
 class BatchCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -236,11 +247,26 @@ class JobSummary(msgspec.Struct, kw_only=True):
 
     id: uuid.UUID
     status: Annotated[str, msgspec.Meta(description="queued | running | succeeded | failed | cancelled")]
+    phase: Annotated[str | None, PHASE]
     schema_id: uuid.UUID
     batch_id: uuid.UUID | None
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+class FileRead(msgspec.Struct, kw_only=True):
+    id: Annotated[str, msgspec.Meta(description="file-<hex>: give it as `file_id`")]
+    filename: str
+    bytes: int
+    purpose: str
+    media_type: Annotated[str | None, msgspec.Meta(description="as its first bytes (else its label) say")]
+    created_at: datetime
+
+
+class FilePage(msgspec.Struct, kw_only=True):
+    items: list[FileRead]
+    has_more: Annotated[bool, msgspec.Meta(description="more after the last item: ask again with after=<its id>")]
 
 
 class JobPage(msgspec.Struct, kw_only=True):

@@ -278,7 +278,7 @@ def service_env(data_dir: Path, database_url: str | None, broker_url: str | None
         "STRUCTSPEC_GRAMMAR_BACKEND", "STRUCTSPEC_LOG_FORMAT")}
     env.update(STRUCTSPEC_DATA_DIR=str(data_dir), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                # a queue of our own: a shared Redis may carry other workers' queues
-               STRUCTSPEC_JOB_QUEUE=f"structspec-load-{uuid.uuid4().hex[:8]}",
+               STRUCTSPEC_JOB_QUEUE=f"structspec-load-{uuid.uuid4().hex[:8]}",  # its ingest queue follows it
                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     if database_url:
         env["STRUCTSPEC_DATABASE_URL"] = database_url

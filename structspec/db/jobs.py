@@ -85,7 +85,7 @@ class JobRepository:
              batch_id: uuid.UUID | None = None, schema_id: uuid.UUID | None = None) -> tuple[Sequence[JobRecord], int]:
         """One page of the tenant's jobs, newest first, with only the columns of a summary (no
         document or result), and the total count under the same filters."""
-        summary = load_only(J.id, J.status, J.schema_id, J.batch_id, J.error, J.created_at, J.finished_at)
+        summary = load_only(J.id, J.status, J.phase, J.schema_id, J.batch_id, J.error, J.created_at, J.finished_at)
         return newest_page(self.session, JobRecord, limit, offset, tenant=tenant, status=status, batch_id=batch_id,
                            schema_id=schema_id, options=(summary,))
 
@@ -106,7 +106,9 @@ class JobRepository:
         never with others: it must run alone (worker/tasks.py, Isolation). A job whose lease
         ran out comes back through the reaper (`requeue_expired`), which counts its attempts."""
         now = database_now(self.session)
-        claimable = J.status == "queued" if len(ids) == 1 else sa.and_(J.status == "queued", J.attempts == 0)
+        # a job whose file is still to be read (phase "reading") is the ingest worker's, not ours
+        queued = sa.and_(J.status == "queued", J.phase.is_(None))
+        claimable = queued if len(ids) == 1 else sa.and_(queued, J.attempts == 0)
         self.session.execute(
             sa.update(JobRecord).where(J.id.in_(ids), claimable)
             .values(status="running", attempts=J.attempts + 1, lease_owner=token,
@@ -116,6 +118,59 @@ class JobRepository:
         mine = set(self.session.scalars(sa.select(J.id).where(J.id.in_(ids), J.lease_owner == token,
                                                                J.status == "running")))
         return [i for i in ids if i in mine]
+
+    # --- reading files (worker/ingest.py) ------------------------------------------------------
+    # A job whose file is unread is `queued` with phase "reading". A reader takes it with a lease
+    # (lease_owner/lease_until, as a running job's), reads the file and either hands the job on
+    # (document stored, phase NULL, published to the model queue) or fails it. A reader that dies
+    # leaves the lease to run out; the reaper publishes the job again (claim_stranded), and after
+    # max_attempts reads the job fails instead of crashing readers forever.
+
+    def claim_read(self, job_id: uuid.UUID, token: str, lease_s: float, max_attempts: int) -> str:
+        """Take a job to read its file: "claimed"; "exhausted" when `max_attempts` reads have been
+        tried already (the caller fails it, holding it); "skip" when it is not there to read
+        (cancelled, deleted, read already, or held by a live reader)."""
+        now = database_now(self.session)
+        free = sa.and_(J.id == job_id, J.status == "queued", J.phase == "reading",
+                       sa.or_(J.lease_until.is_(None), J.lease_until < now))
+        taken = self.session.execute(
+            sa.update(JobRecord).where(free)
+            .values(lease_owner=token, lease_until=now + timedelta(seconds=lease_s), read_attempts=J.read_attempts + 1)
+            .execution_options(synchronize_session=False)).rowcount == 1
+        if not taken:
+            return "skip"
+        attempts = self.session.scalar(sa.select(J.read_attempts).where(J.id == job_id))
+        return "exhausted" if attempts > max_attempts else "claimed"
+
+    def reading(self, job_id: uuid.UUID, token: str) -> JobRecord | None:
+        """The job, while `token` holds it to read its file."""
+        return self.session.scalars(sa.select(JobRecord).where(
+            J.id == job_id, J.lease_owner == token, J.status == "queued", J.phase == "reading")).first()
+
+    def read_done(self, job_id: uuid.UUID, token: str, document: str, layout: bytes | None,
+                  warnings: list[str] | None, messages: list[dict[str, Any]] | None = None) -> bool:
+        """The files are read: store the text and layout (a chat job: its messages with the files'
+        text in place), and leave the job queued for the model (the caller publishes it). False
+        when the job was cancelled or deleted meanwhile."""
+        values: dict[str, Any] = dict(document=document, layout=layout, warnings=warnings or None, phase=None,
+                                      source=None, lease_owner=None, lease_until=None,
+                                      published_at=database_now(self.session))
+        if messages is not None:
+            values["messages"] = messages
+        return self.session.execute(
+            sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "queued",
+                                       J.phase == "reading")
+            .values(**values).execution_options(synchronize_session=False)).rowcount == 1
+
+    def read_failed(self, job_id: uuid.UUID, token: str, error: str) -> bool:
+        """The file cannot be read: the job fails with `error` (its code first)."""
+        _mark_changed(self.session)
+        return self.session.execute(
+            sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "queued",
+                                       J.phase == "reading")
+            .values(status="failed", error=error, phase=None, source=None, lease_until=None,
+                    finished_at=database_now(self.session), completions=J.completions + 1)
+            .execution_options(synchronize_session=False)).rowcount == 1
 
     def retried(self, ids: Sequence[uuid.UUID]) -> list[uuid.UUID]:
         """Those of `ids` on a later attempt (an earlier lease ran out), in `ids` order."""
@@ -209,23 +264,30 @@ class JobRepository:
         mine = self.session.execute(sa.select(J.id, J.status).where(J.id.in_(ids), J.lease_owner == token)).all()
         return [i for i, st in mine if st == "queued"], [i for i, st in mine if st == "failed"]
 
-    def claim_stranded(self, token: str, older_than_s: float,
+    def claim_stranded(self, token: str, older_than_s: float, reading: bool = False,
                        limit: int = 1000) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
         """`queued` jobs whose message went out more than `older_than_s` ago: marked published
         now (tagged with `token`, so of concurrent reapers only one takes each) for the caller
         to publish again before it commits. Returns (first attempts, later attempts): a later
-        attempt must go in a message of its own (see `claim`)."""
+        attempt must go in a message of its own (see `claim`). `reading`: the jobs whose file is
+        still to be read instead (for the ingest queue), leaving out those a live reader holds."""
         now = database_now(self.session)
-        stale = sa.and_(J.status == "queued", J.published_at < now - timedelta(seconds=older_than_s))
+        if reading:
+            phase = sa.and_(J.phase == "reading", sa.or_(J.lease_until.is_(None), J.lease_until < now))
+        else:
+            phase = J.phase.is_(None)
+        stale = sa.and_(J.status == "queued", phase, J.published_at < now - timedelta(seconds=older_than_s))
         ids = list(self.session.scalars(sa.select(J.id).where(stale).order_by(J.published_at).limit(limit)))
         if not ids:
             return [], []
         self.session.execute(
             sa.update(JobRecord).where(J.id.in_(ids), stale).values(lease_owner=token, published_at=now)
             .execution_options(synchronize_session=False))
-        mine = self.session.execute(sa.select(J.id, J.attempts).where(J.id.in_(ids), J.lease_owner == token,
-                                                                      J.status == "queued")).all()
-        return [i for i, a in mine if a == 0], [i for i, a in mine if a > 0]
+        mine = self.session.execute(sa.select(J.id, J.attempts, J.read_attempts).where(
+            J.id.in_(ids), J.lease_owner == token, J.status == "queued")).all()
+        if reading:
+            return [i for i, _, r in mine if r == 0], [i for i, _, r in mine if r > 0]
+        return [i for i, a, _ in mine if a == 0], [i for i, a, _ in mine if a > 0]
 
     def refs(self, ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, tuple[uuid.UUID, uuid.UUID | None]]:
         """{job id: (schema_id, batch_id)} for `ids` (for log lines)."""

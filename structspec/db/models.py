@@ -131,6 +131,19 @@ class JobRecord(Base):
     # where each character of `document` sits on its page, for a document sent as a PDF
     # (structspec.ingest: encode_layout); NULL for text
     layout: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True, default=None)
+    # A document sent as a file is read by a worker (worker/ingest.py), not while the request
+    # waits: until then `phase` is "reading", `document` is empty, and `intake["files"]` lists the
+    # files to read (one; a chat job's, one per file part), each an uploaded file's id or a slice
+    # of `source` (the bytes sent inline, base64), with the media type and name given. Once read,
+    # `phase` is NULL, `source` is dropped and `warnings` holds what reading had to say (a page
+    # rendered at a lower resolution to fit a limit ...).
+    phase: Mapped[str | None] = mapped_column(sa.String(16), nullable=True, default=None)
+    source: Mapped[bytes | None] = mapped_column(sa.LargeBinary, nullable=True, default=None)
+    intake: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True, default=None)
+    warnings: Mapped[list[str] | None] = mapped_column(sa.JSON, nullable=True, default=None)
+    # reading attempts: a reading process that died this many times (a file that crashes or
+    # exhausts it) fails the job instead of being read again (STRUCTSPEC_JOB_MAX_ATTEMPTS)
+    read_attempts: Mapped[int] = mapped_column(sa.Integer, default=0, server_default="0")
     # chat messages [{role, content}] of an OpenAI-compatible request: the prompt is these through
     # the model's chat template, and `document` holds their text; NULL for extraction jobs
     messages: Mapped[list[dict[str, str]] | None] = mapped_column(sa.JSON, nullable=True)
@@ -179,9 +192,10 @@ class IdempotencyKeyRecord(Base):
 # --- the OpenAI-compatible Files and Batches (structspec/api/openai.py) ----------------------
 
 class FileRecord(Base):
-    """An uploaded file (purpose `batch`: a batch's input; `user_data`: a document a chat message's
-    file part names) or one the service wrote (purpose `batch_output`: a batch's output and error
-    files). Ids look like OpenAI's: `file-<hex>`."""
+    """A file: uploaded (POST /v1/files, or the OpenAI surface's; purpose `user_data`: a document
+    to extract from, `batch`: an OpenAI-format batch's input) or written by the service (purpose
+    `batch_output`). Its bytes are in `file_parts`, so that neither an upload nor a read holds a
+    whole file in memory (db/files.py). Ids look like OpenAI's: `file-<hex>`."""
 
     __tablename__ = "files"
     __table_args__ = (sa.Index("ix_files_tenant_created_at", "tenant", "created_at"),)
@@ -191,8 +205,19 @@ class FileRecord(Base):
     purpose: Mapped[str] = mapped_column(sa.String(32))
     filename: Mapped[str] = mapped_column(sa.String(255))
     bytes: Mapped[int] = mapped_column(sa.Integer)
-    content: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    media_type: Mapped[str | None] = mapped_column(sa.String(200), nullable=True, default=None)  # as uploaded
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class FilePartRecord(Base):
+    """One piece of a file's bytes, in order (`seq` from 0); deleted with its file."""
+
+    __tablename__ = "file_parts"
+
+    file_id: Mapped[str] = mapped_column(sa.String(40), sa.ForeignKey("files.id", ondelete="CASCADE"),
+                                         primary_key=True)
+    seq: Mapped[int] = mapped_column(sa.Integer, primary_key=True)
+    data: Mapped[bytes] = mapped_column(sa.LargeBinary)
 
 
 OPENAI_BATCH_STATUSES = ("validating", "failed", "in_progress", "finalizing", "completed", "expired",

@@ -1,5 +1,5 @@
-"""Files and OpenAI-format batches (the OpenAI-compatible surface), per tenant: another
-tenant's id reads as an unknown one."""
+"""OpenAI-format batches (the OpenAI-compatible surface), per tenant: another tenant's id reads
+as an unknown one. Their files are in the one file store (db/files.py)."""
 
 from __future__ import annotations
 
@@ -7,43 +7,12 @@ import uuid
 from typing import Any, Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.orm import Session, defer
+from sqlalchemy.orm import Session
 
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, open_jobs
-from structspec.db.models import FileRecord, OpenAIBatchRecord
-
-
-def new_id(prefix: str) -> str:
-    """OpenAI-looking ids: `file-<hex>`, `batch_<hex>`."""
-    return prefix + uuid.uuid4().hex
-
-
-class FileRepository:
-    def __init__(self, session: Session, tenant: str):
-        self.session, self.tenant = session, tenant
-
-    def add(self, *, purpose: str, filename: str, content: bytes) -> FileRecord:
-        record = FileRecord(id=new_id("file-"), tenant=self.tenant, purpose=purpose, filename=filename,
-                            bytes=len(content), content=content, created_at=database_now(self.session))
-        self.session.add(record)
-        self.session.flush()
-        return record
-
-    def get(self, file_id: str) -> FileRecord | None:
-        record = self.session.get(FileRecord, file_id)
-        return record if record is not None and record.tenant == self.tenant else None
-
-    def delete(self, file_id: str) -> bool:
-        return self.session.execute(sa.delete(FileRecord).where(
-            FileRecord.id == file_id, FileRecord.tenant == self.tenant)).rowcount == 1
-
-    def page(self, purpose: str | None, after: str | None, limit: int) -> Sequence[FileRecord]:
-        """Newest first, without their content; `after`: the last id of the previous page."""
-        q = sa.select(FileRecord).where(FileRecord.tenant == self.tenant).options(defer(FileRecord.content))
-        if purpose is not None:
-            q = q.where(FileRecord.purpose == purpose)
-        return newest_first(self.session, q, FileRecord, after, self.get, limit)
+from structspec.db.files import new_id, newest_first
+from structspec.db.models import OpenAIBatchRecord
 
 
 class OpenAIBatchRepository:
@@ -75,18 +44,6 @@ class OpenAIBatchRepository:
         return newest_first(self.session, q, OpenAIBatchRecord, after, self.get, limit)
 
 
-def newest_first(session: Session, q, model, after: str | None, get, limit: int):
-    """A page of `q` by (created_at, id) descending, after the row with id `after` (read with
-    `get`; an unknown id: an empty page)."""
-    if after is not None:
-        cursor = get(after)
-        if cursor is None:
-            return []
-        q = q.where(sa.or_(model.created_at < cursor.created_at,
-                           sa.and_(model.created_at == cursor.created_at, model.id < cursor.id)))
-    return session.scalars(q.order_by(model.created_at.desc(), model.id.desc()).limit(limit)).all()
-
-
 # --- retention (worker/retention.py): every tenant's ------------------------------------------
 
 def delete_expired_openai_batches(session: Session, cutoff, limit: int) -> int:
@@ -102,12 +59,3 @@ def delete_expired_openai_batches(session: Session, cutoff, limit: int) -> int:
         if batch_id is not None:
             BatchRepository(session).delete(batch_id)
     return len(rows)
-
-
-def delete_expired_files(session: Session, cutoff, limit: int) -> int:
-    """Delete up to `limit` files (uploaded batch input, written batch output) created before
-    `cutoff`; returns how many."""
-    ids = list(session.scalars(sa.select(FileRecord.id).where(FileRecord.created_at < cutoff).limit(limit)))
-    if ids:
-        session.execute(sa.delete(FileRecord).where(FileRecord.id.in_(ids)))
-    return len(ids)

@@ -160,7 +160,7 @@ def settings(database_url, tmp_path) -> Iterator[Settings]:
     try:
         with engine.begin() as conn:  # jobs and batches first: they reference schemas
             # an API key left behind would turn auth on for the next test
-            for table in ("jobs", "batches", "schemas", "api_keys", "idempotency_keys"):
+            for table in ("jobs", "batches", "schemas", "api_keys", "idempotency_keys", "files"):
                 conn.execute(sa.text(f"DELETE FROM {table}"))
     finally:
         engine.dispose()

@@ -195,3 +195,75 @@ def test_lease_times_come_from_the_database_clock_not_the_workers(postgres_url, 
             s.execute(sa.text("DELETE FROM jobs WHERE id = :id"), {"id": job})
             s.execute(sa.text("DELETE FROM schemas WHERE id = :id"), {"id": schema.id})
         engine.dispose()
+
+
+# --- reading a job's file (worker/ingest.py) ---------------------------------------------------
+
+def new_file_job(sessions) -> uuid.UUID:
+    with sessions.begin() as s:
+        return JobRepository(s).add_many([dict(schema_id=sessions.schema_id, document="", options={}, phase="reading",
+                                               source=b"%PDF-1.4 ...", intake={"media_type": "application/pdf"})])[0]
+
+
+def test_a_job_whose_file_is_unread_is_left_to_the_readers_and_read_once(sessions):
+    job = new_file_job(sessions)
+    with sessions.begin() as s:
+        assert JobRepository(s).claim([job], "model", 60) == []  # not the model's yet: its file is unread
+    with sessions.begin() as s:
+        assert JobRepository(s).claim_read(job, "r1", 60, max_attempts=3) == "claimed"
+    with sessions.begin() as s:
+        assert JobRepository(s).claim_read(job, "r2", 60, max_attempts=3) == "skip"  # a live reader holds it
+    with sessions.begin() as s:
+        assert not JobRepository(s).read_done(job, "r2", "text", None, None)  # not its holder: nothing stored
+        assert JobRepository(s).read_done(job, "r1", "the text", b"layout", ["a warning"])
+    with sessions.begin() as s:
+        repo = JobRepository(s)
+        row = repo.get(job)
+        assert (row.status, row.phase, row.document, row.layout, row.source, row.warnings, row.lease_owner) == \
+            ("queued", None, "the text", b"layout", None, ["a warning"], None)
+        assert repo.claim_read(job, "r3", 60, max_attempts=3) == "skip"  # read already
+        assert repo.claim([job], "model", 60) == [job]  # now the model's
+
+
+def test_a_file_that_cannot_be_read_fails_its_job_and_a_cancelled_one_is_not_read(sessions):
+    job, cancelled = new_file_job(sessions), new_file_job(sessions)
+    with sessions.begin() as s:
+        repo = JobRepository(s)
+        assert repo.claim_read(job, "r1", 60, max_attempts=3) == "claimed"
+        assert repo.cancel(cancelled)
+        assert repo.claim_read(cancelled, "r1", 60, max_attempts=3) == "skip"
+    with sessions.begin() as s:
+        assert JobRepository(s).read_failed(job, "r1", "file_unreadable: the PDF cannot be read")
+    with sessions.begin() as s:
+        row = JobRepository(s).get(job)
+        assert (row.status, row.error, row.source, row.completions) == \
+            ("failed", "file_unreadable: the PDF cannot be read", None, 1)
+        assert row.finished_at is not None
+
+
+def test_a_file_whose_reader_died_is_published_again_and_fails_after_max_attempts(sessions):
+    job = new_file_job(sessions)
+    for attempt in range(1, 4):
+        with sessions.begin() as s:
+            assert JobRepository(s).claim_read(job, f"dies-{attempt}", 0.01, max_attempts=3) == "claimed"
+        time.sleep(0.05)  # the lease of 0.01 s runs out: the reader died
+        with sessions.begin() as s:
+            repo = JobRepository(s)
+            # the model's republishing leaves it alone; the readers' takes it (its first read is not new)
+            assert repo.claim_stranded(f"reaper-m{attempt}", 0.0) == ([], [])
+            assert repo.claim_stranded(f"reaper-r{attempt}", 0.0, reading=True) == ([], [job])
+    with sessions.begin() as s:
+        assert JobRepository(s).claim_read(job, "last", 60, max_attempts=3) == "exhausted"
+        assert JobRepository(s).read_failed(job, "last", "read_crashed: ...")
+    with sessions.begin() as s:
+        assert JobRepository(s).get(job).status == "failed"
+
+
+def test_a_file_being_read_is_not_published_again_while_its_reader_holds_it(sessions):
+    job = new_file_job(sessions)
+    with sessions.begin() as s:
+        assert JobRepository(s).claim_stranded("reaper-1", 0.0, reading=True) == ([job], [])  # never read yet
+    with sessions.begin() as s:
+        assert JobRepository(s).claim_read(job, "r1", 60, max_attempts=3) == "claimed"
+    with sessions.begin() as s:
+        assert JobRepository(s).claim_stranded("reaper-2", 0.0, reading=True) == ([], [])

@@ -231,3 +231,28 @@ def test_reached_migration_fills_history_exactly_and_downgrade_restores_it(empty
         assert "batch_size_sum" not in columns["schema_arm_stats"]
     finally:
         engine.dispose()
+
+
+def test_files_move_into_parts_and_back_with_every_byte(empty_database_url):
+    """0016 moves files.content into file_parts (one part each) and the downgrade joins them back."""
+    url = empty_database_url
+    migrate.upgrade(url, "0015")
+    engine = make_engine(url)
+    content = bytes(range(256)) * 10
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("INSERT INTO files (id, tenant, purpose, filename, bytes, content, created_at) "
+                                 "VALUES ('file-1', 'default', 'user_data', 'a.pdf', :n, :c, CURRENT_TIMESTAMP)"),
+                         {"n": len(content), "c": content})
+        engine.dispose()
+        migrate.upgrade(url, "0016")
+        with engine.begin() as conn:
+            assert conn.execute(sa.text("SELECT seq, data FROM file_parts WHERE file_id = 'file-1'")).all() == \
+                [(0, content)]
+            conn.execute(sa.text("INSERT INTO file_parts (file_id, seq, data) VALUES ('file-1', 1, :d)"), {"d": b"+"})
+        engine.dispose()
+        migrate.downgrade(url, "0015")
+        with engine.begin() as conn:
+            assert conn.execute(sa.text("SELECT content FROM files")).scalar_one() == content + b"+"
+    finally:
+        engine.dispose()

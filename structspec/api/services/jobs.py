@@ -19,12 +19,13 @@ from typing import Any, Callable, Iterator
 
 import anyio
 import msgspec
+import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from structspec.api.errors import (ApiError, ErrorItem, NotFoundError, PayloadTooLargeError, UnprocessableError,
                                    from_registry)
-from structspec.api.services.content import OcrBudget, decode_base64
+from structspec.api.services.content import ChatFiles, Submitted, decode_base64, submitted_file
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import (BatchAccepted, BatchCreate, BatchPage, BatchRead, ExtractionCreate, JobAccepted,
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 
 RESULTS_PAGE = 500
 DOC_ID_CHARS = 200  # a batch document's id as stored (JSON text, jobs.doc_id)
-ENTRY_FIELDS = frozenset({"id", "document", "content", "media_type"})  # of a batch entry
+ENTRY_FIELDS = frozenset({"id", "document", "content", "file_id", "media_type"})  # of a batch entry
+FILE_PURPOSE = "user_data"  # an uploaded file read as a document (OpenAI's name for it)
 
 
 @dataclass(frozen=True)
@@ -98,54 +100,93 @@ class JobService:
         if (first := self.replay(idem)) is not None:
             return msgspec.convert(first, JobAccepted), True
         # everything is checked before an inline schema is registered: a refused request stores nothing
-        document, layout, where = self.document_of(data)
-        self.check_document(document, where)
+        document, where = self.document_of(data)
         options = self.request_options(data.options)
-        [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [document], options)
-        if too_long:
-            raise UnprocessableError(too_long, [ErrorItem(path=where, message=too_long, source="body")])
+        if not document.to_read:  # a file's text is known once a worker has read it; it checks it then
+            self.check_document(document.text, where)
+            [too_long] = self._token_problems(self.schema_body(data.schema_id, data.schema), [document.text], options)
+            if too_long:
+                raise UnprocessableError(too_long, [ErrorItem(path=where, message=too_long, source="body")])
         schema_id = self.resolve_schema(data.schema_id, data.schema)
-        answer, replayed = self._queue_one(schema_id, document, options, idem=idem, layout=layout)
+        answer, replayed = self._queue_one(schema_id, document, options, idem=idem)
         return msgspec.convert(answer, JobAccepted), replayed
 
-    @staticmethod
-    def document_of(data: ExtractionCreate) -> tuple[str, bytes | None, str]:
-        """(the text the model reads, its layout or None, the body path it came from): `document`
-        as it is, or `content` decoded and ingested (structspec.ingest). Exactly one is given."""
-        from structspec.ingest import IngestError, encode_layout
+    def document_of(self, data: ExtractionCreate) -> tuple[Submitted, str]:
+        """(the document as submitted, the body path it came from): `document` (text), `content`
+        (a file, base64: checked here, read by a worker) or `file_id` (an uploaded file). Exactly
+        one is given."""
+        from structspec.ingest import IngestError
 
-        if (data.document is None) == (data.content is None):
-            message = ("give the document as text (`document`) or as a file (`content`, base64), not both"
-                       if data.document is not None else "`document` (text) or `content` (a file, base64) is required")
+        given = [name for name in ("document", "content", "file_id") if getattr(data, name) is not None]
+        if len(given) != 1:
+            message = (f"give the document one way, not {' and '.join(f'`{g}`' for g in given)}" if given else
+                       "`document` (text), `content` (a file, base64) or `file_id` (an uploaded file) is required")
             raise UnprocessableError(message, [ErrorItem(path="/document", message=message, source="body")])
         if data.document is not None:
-            return data.document, None, "/document"
+            return Submitted(text=data.document), "/document"
+        if data.file_id is not None:
+            problem = self.file_problems([data.file_id]).get(data.file_id)
+            if problem:
+                raise ApiError(404 if problem.startswith("no file") else 422, f"file_id: {problem}",
+                               [ErrorItem(path="/file_id", message=problem, source="body")])
+            return Submitted(file_id=data.file_id, media_type=data.media_type), "/file_id"
         try:
-            doc = OcrBudget().read(decode_base64(data.content), data.media_type)
+            return submitted_file(decode_base64(data.content), data.media_type, self.limits), "/content"
         except IngestError as e:
             raise ApiError(e.status, f"content: {e}", [ErrorItem(path="/content", message=str(e), source="body")]) \
                 from None
-        return doc.text, encode_layout(doc), "/content"
 
-    def _queue_one(self, schema_id: uuid.UUID, document: str, options: RequestOptions,
+    @property
+    def limits(self):
+        """The decoders' budgets (structspec.ingest.Limits) from the settings."""
+        from structspec.ingest import Limits
+
+        return Limits.from_settings(self.settings)
+
+    def file_problems(self, file_ids: list[str]) -> dict[str, str]:
+        """{file id: why it cannot be extracted from} for those of `file_ids` that are not this
+        tenant's uploaded documents (unknown, or uploaded for another purpose)."""
+        from structspec.db.models import FileRecord
+
+        if not file_ids:
+            return {}
+        with self.session_factory() as session:
+            found = dict(session.execute(sa.select(FileRecord.id, FileRecord.purpose).where(
+                FileRecord.id.in_(set(file_ids)), FileRecord.tenant == self.tenant)).all())
+        problems = {}
+        for file_id in file_ids:
+            if file_id not in found:
+                problems[file_id] = f"no file with id {file_id}"
+            elif found[file_id] != FILE_PURPOSE:
+                problems[file_id] = (f"file {file_id} has purpose {found[file_id]!r}; a document is uploaded with "
+                                     f"purpose {FILE_PURPOSE}")
+        return problems
+
+    def _queue_one(self, schema_id: uuid.UUID, document: str | Submitted | ChatFiles, options: RequestOptions,
                    messages: list[dict[str, str]] | None = None, stream: bool = False,
-                   idem: Idempotency | None = None, layout: bytes | None = None) -> tuple[dict[str, Any], bool]:
-        """Store one queued job and publish it (deleted again if the broker is down); returns
-        the answer {id, status} and whether it is a concurrent first submission's (`idem`)."""
+                   idem: Idempotency | None = None) -> tuple[dict[str, Any], bool]:
+        """Store one queued job and publish it, to the ingest queue when its file is to be read
+        (deleted again if the broker is down); returns the answer {id, status} and whether it is
+        a concurrent first submission's (`idem`)."""
+        document = Submitted(text=document) if isinstance(document, str) else document
+
         def write(session: Session) -> dict[str, Any]:
             [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
-                                                             document=document, messages=messages, layout=layout,
-                                                             options=options.as_dict(), stream=stream)])
+                                                             messages=messages, options=options.as_dict(),
+                                                             stream=stream, **document.columns())])
             return {"id": str(job_id), "status": "queued"}
 
         answer, replayed = self.store_once(idem, write)
         if replayed:
             return answer, True
         job_id = uuid.UUID(answer["id"])
-        self.publish([job_id], undo=lambda s: (JobRepository(s).delete_many([job_id]), self.forget(s, idem)),
+        self.publish([] if document.to_read else [job_id], [job_id] if document.to_read else [],
+                     undo=lambda s: (JobRepository(s).delete_many([job_id]), self.forget(s, idem)),
                      what={"job_id": job_id, "schema_id": schema_id})
+        size = {"files_to_read": len(getattr(document, "files", [document]))} if document.to_read else \
+            {"document_chars": len(document.text)}
         log.info("job submitted", extra={"job_id": str(job_id), "schema_id": str(schema_id), "tenant": self.tenant,
-                                         "strategy": options.strategy, "document_chars": len(document),
+                                         "strategy": options.strategy, **size,
                                          **({"chat": True} if messages is not None else {})})
         return answer, False
 
@@ -211,8 +252,8 @@ class JobService:
         with self.session_factory() as session:
             page, total = JobRepository(session).page(self.tenant, limit=limit, offset=offset, status=status,
                                                       batch_id=batch_id, schema_id=schema_id)
-            items = [JobSummary(id=j.id, status=j.status, schema_id=j.schema_id, batch_id=j.batch_id, error=j.error,
-                                created_at=j.created_at, finished_at=j.finished_at) for j in page]
+            items = [JobSummary(id=j.id, status=j.status, phase=j.phase, schema_id=j.schema_id, batch_id=j.batch_id,
+                                error=j.error, created_at=j.created_at, finished_at=j.finished_at) for j in page]
         return JobPage(items=items, total=total, limit=limit, offset=offset)
 
     def delete(self, job_id: str) -> None:
@@ -271,16 +312,16 @@ class JobService:
         stored = options.as_dict()
         rows, rejected = [], []
         read = self._read_entries([(n, raw, problem or self._entry_problem(raw)) for n, raw, problem in entries])
-        fine = [text for _, _, problem, text, _ in read if not problem]
+        fine = [doc.text for _, _, problem, doc in read if not problem and not doc.to_read]
         too_long = iter(self._token_problems(self.schema_body(str(schema_id), None), fine, options))
-        for n, raw, problem, text, layout in read:
-            problem = problem or next(too_long)
+        for n, raw, problem, doc in read:
+            problem = problem or (None if doc.to_read else next(too_long))
             if problem:
                 rejected.append(Rejected(line=n, message=problem))
                 continue
             doc_id = raw.get("id", n - 1)
-            rows.append(dict(tenant=self.tenant, schema_id=schema_id, document=text, layout=layout, options=stored,
-                             position=len(rows), doc_id=msgspec.json.encode(doc_id).decode()))
+            rows.append(dict(tenant=self.tenant, schema_id=schema_id, options=stored, position=len(rows),
+                             doc_id=msgspec.json.encode(doc_id).decode(), **doc.columns()))
         if not rows:
             raise UnprocessableError("no valid document in the batch", [
                 ErrorItem(path=where.format(i=r.line - 1, n=r.line), message=r.message, source="body")
@@ -299,11 +340,13 @@ class JobService:
         accepted = msgspec.convert(answer, BatchAccepted)
         if replayed:
             return accepted, True
-        self.publish(ids, undo=lambda s: (BatchRepository(s).delete(accepted.id), self.forget(s, idem)),
+        reads = [i for i, row in zip(ids, rows) if row.get("phase") == "reading"]
+        self.publish([i for i, row in zip(ids, rows) if row.get("phase") is None], reads,
+                     undo=lambda s: (BatchRepository(s).delete(accepted.id), self.forget(s, idem)),
                      what={"batch_id": accepted.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(accepted.id), "schema_id": str(schema_id),
                                            "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),
-                                           "rejected": len(rejected)})
+                                           "files_to_read": len(reads), "rejected": len(rejected)})
         return accepted, False
 
     @staticmethod
@@ -333,10 +376,14 @@ class JobService:
             return "field 'id' must be a string or an integer"
         if "id" in raw and (size := len(msgspec.json.encode(raw["id"]).decode())) > DOC_ID_CHARS:
             return f"field 'id' is {size} characters as JSON; the limit is {DOC_ID_CHARS}"
-        if "content" in raw:
-            if "document" in raw:
-                return "give the document as text ('document') or as a file ('content', base64), not both"
-            if not isinstance(raw["content"], str):
+        given = [name for name in ("document", "content", "file_id") if name in raw]
+        if len(given) > 1:
+            return (f"give the document one way: text ('document'), a file ('content', base64) or an uploaded file "
+                    f"('file_id'), not {' and '.join(repr(g) for g in given)}")
+        if "file_id" in raw and not isinstance(raw["file_id"], str):
+            return "field 'file_id' must be a string (the id POST /v1/files answered)"
+        if "content" in raw or "file_id" in raw:
+            if "content" in raw and not isinstance(raw["content"], str):
                 return "field 'content' must be a string (the file, base64)"
             media_type = raw.get("media_type")
             if media_type is not None and (not isinstance(media_type, str) or len(media_type) > 200
@@ -344,9 +391,10 @@ class JobService:
                 return "field 'media_type' must be a string of at most 200 characters (e.g. application/pdf)"
             return None
         if "media_type" in raw:
-            return "field 'media_type' goes with 'content' (a file), not with 'document' (text)"
+            return "field 'media_type' goes with 'content' or 'file_id' (a file), not with 'document' (text)"
         if not isinstance(raw.get("document"), str):
-            return "field 'document' (text) or 'content' (a file, base64) is required; 'document' must be a string"
+            return ("field 'document' (text), 'content' (a file, base64) or 'file_id' (an uploaded file) is "
+                    "required; 'document' must be a string")
         if "\x00" in raw["document"]:
             return "field 'document' contains U+0000, which cannot be stored"
         return self._size_problem(raw["document"])
@@ -358,23 +406,30 @@ class JobService:
         return None
 
     def _read_entries(self, checked: list[tuple[int, Any, str | None]]
-                      ) -> list[tuple[int, Any, str | None, str | None, bytes | None]]:
-        """(line, entry, problem, text, layout) per entry: files ('content') are read here, within
-        one request's OCR budget (services/content.py); one that cannot be read is a problem."""
-        from structspec.ingest import IngestError, encode_layout
+                      ) -> list[tuple[int, Any, str | None, Submitted | None]]:
+        """(line, entry, problem, document) per entry: files ('content') are checked here
+        (services/content.py: size, type, that they open, pages) and read by a worker; uploaded
+        files ('file_id') must be this tenant's documents. A file that fails a check is a problem."""
+        from structspec.ingest import IngestError
 
-        budget, out = OcrBudget(), []
+        limits, out = self.limits, []
+        missing = self.file_problems([raw["file_id"] for _, raw, problem in checked if not problem and "file_id" in raw])
         for n, raw, problem in checked:
-            if problem or "content" not in raw:
-                out.append((n, raw, problem, None if problem else raw["document"], None))
-                continue
-            try:
-                doc = budget.read(decode_base64(raw["content"]), raw.get("media_type"))
-            except IngestError as e:
-                out.append((n, raw, f"content: {e}", None, None))
-                continue
-            too_big = self._size_problem(doc.text)
-            out.append((n, raw, too_big, None if too_big else doc.text, None if too_big else encode_layout(doc)))
+            if problem:
+                out.append((n, raw, problem, None))
+            elif "file_id" in raw:
+                problem = missing.get(raw["file_id"])
+                out.append((n, raw, f"file_id: {problem}" if problem else None,
+                            Submitted(file_id=raw["file_id"], media_type=raw.get("media_type"))))
+            elif "content" not in raw:
+                out.append((n, raw, None, Submitted(text=raw["document"])))
+            else:
+                try:
+                    doc = submitted_file(decode_base64(raw["content"]), raw.get("media_type"), limits)
+                except IngestError as e:
+                    out.append((n, raw, f"content: {e}", None))
+                    continue
+                out.append((n, raw, None if doc.to_read else self._size_problem(doc.text), doc))
         return out
 
     def get_batch(self, batch_id: str) -> BatchRead:
@@ -482,17 +537,19 @@ class JobService:
                 ErrorItem(path=f"/options/{e.option}", message=str(e), source="body")]) from None
 
     def submit_chat(self, schema: dict[str, Any], messages: list[dict[str, str]], options: RequestOptions,
-                    registered_by: str, stream: bool = False) -> uuid.UUID:
+                    registered_by: str, stream: bool = False, files: ChatFiles | None = None) -> uuid.UUID:
         """One job prompted with chat `messages` ({role, content}) through the model's chat
         template (the OpenAI-compatible surface); their text is the job's document, which the
         n-gram proposers draft from. The schema is registered, or reused, by its content.
-        `stream`: the worker writes the output text while it runs (jobs.partial)."""
+        `stream`: the worker writes the output text while it runs (jobs.partial). `files`: file
+        parts a worker reads first (their text then goes into `messages`, worker/ingest.py)."""
         from structspec.engine.prompt import messages_text
 
-        text = messages_text(messages)
-        self.check_document(text, "/messages")  # before the schema is registered: a refusal stores nothing
+        document: str | ChatFiles = files if files is not None else messages_text(messages)
+        if files is None:  # before the schema is registered: a refusal stores nothing
+            self.check_document(document, "/messages")
         schema_id = self.resolve_schema(None, schema, registered_by)
-        answer, _ = self._queue_one(schema_id, text, options, messages, stream)
+        answer, _ = self._queue_one(schema_id, document, options, messages, stream)
         return uuid.UUID(answer["id"])
 
     def record(self, job_id: uuid.UUID) -> JobRecord:
@@ -572,13 +629,17 @@ class JobService:
                 f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)",
                 [ErrorItem(path=path, message=f"{size} bytes > {limit} bytes", source="body")])
 
-    def publish(self, ids: list[uuid.UUID], undo, what: dict[str, Any]) -> None:
-        """Send the stored jobs `ids` to the broker; if that fails, run `undo` (it deletes what was
-        stored) and answer 503, so that nothing is left queued that no worker will see."""
-        from worker.app import enqueue
+    def publish(self, ids: list[uuid.UUID], reads: list[uuid.UUID], undo, what: dict[str, Any]) -> None:
+        """Send the stored jobs `ids` to the model's queue and `reads` (their file to read first) to
+        the ingest queue; if that fails, run `undo` (it deletes what was stored) and answer 503, so
+        that nothing is left queued that no worker will see."""
+        from worker.app import enqueue, enqueue_reads
 
         try:
-            enqueue(self.publisher, ids)
+            if reads:
+                enqueue_reads(self.publisher, reads)
+            if ids:
+                enqueue(self.publisher, ids)
         except Exception as e:  # kombu/redis/amqp connection errors differ per transport
             log.warning("broker unavailable at submit: %s", preview(e, 300),
                         extra={**{k: str(v) for k, v in what.items()}, "jobs": len(ids)})
@@ -607,7 +668,8 @@ def job_fields(j: JobRecord, **more: Any) -> dict[str, Any]:
 
 
 def to_job_read(j: JobRecord) -> JobRead:
-    return JobRead(id=j.id, status=j.status, schema_id=j.schema_id, batch_id=j.batch_id,
+    return JobRead(id=j.id, status=j.status, phase=j.phase, warnings=j.warnings, schema_id=j.schema_id,
+                   batch_id=j.batch_id,
                    result=j.result if j.status == "succeeded" else None, error=j.error,
                    stats=JobStats(**{k: j.stats.get(k) for k in STATS_KEYS}) if j.stats else None,
                    timings=JobTimings(queued_s=j.queued_s, prefill_s=j.prefill_s, decode_s=j.decode_s),
@@ -638,6 +700,7 @@ def result_line(j: JobRecord) -> bytes:
         line["result"] = j.result
         line.update(grounding(j))
         line["boxes"] = msgspec.to_builtins(boxes(j))  # a file's values on its pages (null: text), as a job read
+        line["warnings"] = j.warnings
     else:
         line["error"] = j.error
     line["stats"] = {k: j.stats.get(k) for k in STATS_KEYS} if j.stats else None

@@ -24,16 +24,20 @@ import anyio
 import msgspec
 
 from structspec.api.errors import ApiError, ErrorItem, NotFoundError
-from structspec.api.services.content import OcrBudget, data_url
+from structspec.api.guard import check_body
+from structspec.api.services.content import ChatFiles, Submitted, data_url, submitted_file
+from structspec.api.services.files import FileService
 from structspec.api.services.jobs import DOC_ID_CHARS, Idempotency, JobService, grounding
 from structspec.api.services.waiting import JobWaiter
 from structspec.api.structs import JobOptions
+from structspec.api.uploads import Upload
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import TERMINAL_STATUSES, JobRecord, OpenAIBatchRecord
-from structspec.db.openai_batches import FileRepository, OpenAIBatchRepository
+from structspec.db.files import FileRepository
+from structspec.db.openai_batches import OpenAIBatchRepository
 from structspec.engine.prompt import MessagesError, chat_messages as checked_messages, messages_text
-from structspec.ingest import MEDIA_TYPES, IngestError, detect
+from structspec.ingest import IngestError, Limits
 from structspec.options import RequestOptions
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
@@ -69,16 +73,17 @@ PURPOSES = ("batch", INPUT_PURPOSE)
 BLANK_LINE = {"type": "text", "text": "\n\n"}  # between a file's text and the parts beside it
 
 
-def inline_files(raw: Any, files: Callable[[str], Any], budget: OcrBudget) -> Any:
-    """`raw` messages with each file content part replaced by a text part of the text
-    structspec.ingest reads from the file (a PDF's text layer, OCR of an image), set apart from
-    the text parts beside it by a blank line. A file part is OpenAI's `{"type": "file", "file":
-    {"file_data": "data:<media type>;base64,...", "filename"?} | {"file_id": ...}}` or `{"type":
-    "image_url", "image_url": {"url": "data:image/png;base64,..."}}`; `files(file_id)` gives an
-    uploaded file's record. Anything else is left for chat_messages to judge."""
+def file_parts(raw: Any, files: Callable[[str], Any], limits: Limits) -> tuple[Any, ChatFiles | None]:
+    """`raw` messages with each file content part replaced by a text part, set apart from the
+    text parts beside it by a blank line, and the files left to read. A file part is OpenAI's
+    `{"type": "file", "file": {"file_data": "data:<media type>;base64,...", "filename"?} |
+    {"file_id": ...}}` or `{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`;
+    `files(file_id)` gives an uploaded file's record. A text file's text is put in place now; any
+    other file is checked (services/content.py: submitted_file) and its text part left empty for
+    the worker that reads it (worker/ingest.py). Anything else is left for chat_messages to judge."""
     if not isinstance(raw, list):
-        return raw
-    out = []
+        return raw, None
+    out, deferred = [], []
     for i, message in enumerate(raw):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list) or not any(_is_file_part(p) for p in content):
@@ -91,31 +96,34 @@ def inline_files(raw: Any, files: Callable[[str], Any], budget: OcrBudget) -> An
                 continue
             where = f"messages.{i}.content.{j}"
             try:
-                text = budget.read(*_file_of(part, where, files)).text
+                file = _file_of(part, where, files, limits)
             except IngestError as e:
                 raise ApiError(e.status, f"{where}: {e}", [ErrorItem(path=where, message=str(e), source="body")]) \
                     from None
             if parts and parts[-1] != BLANK_LINE:
                 parts.append(BLANK_LINE)
-            parts += [{"type": "text", "text": text}, BLANK_LINE]
+            if file.to_read:
+                deferred.append(((i, len(parts)), file))
+            parts += [{"type": "text", "text": file.text or ""}, BLANK_LINE]
         if parts and parts[-1] == BLANK_LINE:
             parts.pop()
         out.append({**message, "content": parts})
-    return out
+    return out, ChatFiles(tuple(deferred)) if deferred else None
 
 
 def _is_file_part(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") in FILE_PART_TYPES
 
 
-def _file_of(part: dict[str, Any], where: str, files: Callable[[str], Any]) -> tuple[bytes, str | None, str | None]:
-    """(bytes, media type, file name) of a file content part; ApiError 400 for a malformed one."""
+def _file_of(part: dict[str, Any], where: str, files: Callable[[str], Any], limits: Limits) -> Submitted:
+    """The file of a file content part, checked (its text, if it is text); ApiError 400 for a
+    malformed part, IngestError for a file that fails the checks."""
     if part["type"] == "image_url":
         spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, dict) else None
         if not isinstance(url, str):
             raise bad_request(f"{where}: image_url.url is required (a data: URL)", f"{where}.image_url.url")
-        return (*data_url(url), None)
+        return submitted_file(*data_url(url), limits)
     spec = part.get("file")
     if not isinstance(spec, dict) or ("file_data" in spec) == ("file_id" in spec):
         raise bad_request(f"{where}: file needs file_data (a data: URL) or file_id, one of them", f"{where}.file")
@@ -123,14 +131,14 @@ def _file_of(part: dict[str, Any], where: str, files: Callable[[str], Any]) -> t
     if "file_data" in spec:
         if not isinstance(spec["file_data"], str):
             raise bad_request(f"{where}: file.file_data must be a string (a data: URL)", f"{where}.file.file_data")
-        return (*data_url(spec["file_data"]), name)
+        return submitted_file(*data_url(spec["file_data"]), limits, name)
     record = files(spec["file_id"]) if isinstance(spec["file_id"], str) else None
     if record is None:
         raise bad_request(f"{where}: no file with id {spec['file_id']}", f"{where}.file.file_id")
     if record.purpose != INPUT_PURPOSE:
         raise bad_request(f"{where}: file {record.id} has purpose {record.purpose!r}; a file read as a document is "
                           f"uploaded with purpose {INPUT_PURPOSE}", f"{where}.file.file_id")
-    return record.content, None, name or record.filename
+    return Submitted(file_id=record.id, media_type=record.media_type, name=name or record.filename)
 
 
 def response_schema(raw: Any) -> dict[str, Any]:
@@ -184,7 +192,7 @@ def check_request(body: Any, streaming: bool = True) -> dict[str, Any]:
 
 
 def uploaded_file(jobs: JobService, file_id: str):
-    """The tenant's uploaded file `file_id`, or None."""
+    """The tenant's uploaded file `file_id` (its record), or None."""
     with jobs.session_factory() as session:
         record = FileRepository(session, jobs.tenant).get(file_id)
         if record is not None:
@@ -200,19 +208,25 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     options: RequestOptions
     stream: bool = False
     include_usage: bool = False
+    files: ChatFiles | None = None  # file parts a worker reads before the model runs
+
+    def columns(self) -> dict[str, Any]:
+        """The job row's document columns: the messages' text, or (files to read) those files'."""
+        if self.files is None:
+            return {"document": messages_text(self.messages)}
+        return self.files.columns()
 
 
-def read_chat_request(body: Any, jobs: JobService, streaming: bool = True, budget: OcrBudget | None = None
-                      ) -> ChatRequest:
+def read_chat_request(body: Any, jobs: JobService, streaming: bool = True) -> ChatRequest:
     """Every check of a chat request (ApiError naming the parameter), options resolved; its
-    file parts read (inline_files) within `budget` (a fresh one: this request's own)."""
+    file parts checked and left for a worker to read (file_parts)."""
     body = check_request(body, streaming)
-    messages = chat_messages(inline_files(body.get("messages"), lambda file_id: uploaded_file(jobs, file_id),
-                                          budget or OcrBudget()))
+    raw, files = file_parts(body.get("messages"), lambda file_id: uploaded_file(jobs, file_id), jobs.limits)
+    messages = chat_messages(raw)
     schema = response_schema(body.get("response_format"))
     options = jobs.request_options(job_options(body))
     return ChatRequest(messages=messages, schema=schema, options=options, stream=bool(body.get("stream")),
-                       include_usage=bool((body.get("stream_options") or {}).get("include_usage")))
+                       include_usage=bool((body.get("stream_options") or {}).get("include_usage")), files=files)
 
 
 # --- the answer -------------------------------------------------------------------------------
@@ -411,22 +425,27 @@ class OpenAIBatchService:
 
     # --- files ---------------------------------------------------------------------------------
 
-    def upload(self, filename: str, purpose: str, content: bytes, media_type: str | None = None) -> dict[str, Any]:
-        """Store an uploaded file; a user_data file must be of a kind structspec.ingest reads (its
-        first bytes, else `media_type` as the upload labels it, else its name's extension)."""
+    def upload(self, upload: Upload, purpose: str) -> dict[str, Any]:
+        """Store an uploaded file (spooled by api/uploads.py) in the one file store; a user_data
+        file must be of a kind structspec.ingest reads (its first bytes, else the media type the
+        upload labels it with, else its name's extension); a batch input is JSONL text (no NUL)."""
         if purpose not in PURPOSES:
             raise bad_request(f"purpose {purpose!r} is not served: files here are batch inputs (purpose batch) or "
                               f"documents named by a message's file part (purpose {INPUT_PURPOSE})", "purpose")
-        if not content.strip():
+        if upload.size == 0 or (upload.size < 4096 and not upload.file.read().strip()):
             raise bad_request("the file is empty", "file")
-        generic = media_type is None or media_type.split(";")[0].strip().lower() == "application/octet-stream"
-        kind = detect(content, None if generic else media_type, filename)
-        if purpose == INPUT_PURPOSE and kind not in MEDIA_TYPES and not kind.startswith("text/"):
-            raise bad_request(f"{filename}: unsupported media type {kind}; a document is one of "
-                              f"{', '.join(MEDIA_TYPES)}", "file")
-        with self.session_factory.begin() as session:
-            return file_object(FileRepository(session, self.tenant).add(purpose=purpose, filename=filename[:255],
-                                                                        content=content))
+        upload.file.seek(0)
+        files = FileService(self.session_factory, self.settings, self.tenant)
+        kind = None
+        if purpose == INPUT_PURPOSE:
+            try:
+                kind = files.check_document(upload)
+            except ApiError as e:
+                raise bad_request(f"{upload.filename or 'the file'}: {e.detail}", "file") from None
+        else:  # JSONL read whole at batch creation anyway; NUL is refused here, as in any JSON body
+            check_body(upload.file.read(), ndjson=True)
+            upload.file.seek(0)
+        return file_object(files.store(upload, purpose, kind))
 
     def file(self, file_id: str) -> dict[str, Any]:
         with self.session_factory() as session:
@@ -434,7 +453,7 @@ class OpenAIBatchService:
 
     def file_content(self, file_id: str) -> bytes:
         with self.session_factory() as session:
-            return self._file(session, file_id).content
+            return FileRepository(session, self.tenant).content(self._file(session, file_id).id)
 
     def files(self, purpose: str | None, after: str | None, limit: int) -> dict[str, Any]:
         if not 1 <= limit <= 10_000:
@@ -467,7 +486,7 @@ class OpenAIBatchService:
             source = self._file(session, input_file_id)
             if source.purpose != "batch":
                 raise bad_request(f"file {input_file_id} has purpose {source.purpose!r}, not batch", "input_file_id")
-            content = source.content
+            content = FileRepository(session, self.tenant).content(source.id)
         fields = dict(input_file_id=input_file_id, endpoint=endpoint, completion_window=window, metadata_=metadata)
         lines, problems = read_lines(content, self.settings.max_batch_size)
         if problems:
@@ -498,7 +517,8 @@ class OpenAIBatchService:
         answer, replayed = self.jobs.store_once(idem, write)
         record_id, batch_id = answer["id"], stored.get("batch_id")
         if rows and not replayed:
-            self.jobs.publish(stored["ids"],
+            reading = [i for i, row in zip(stored["ids"], rows) if row.get("phase") == "reading"]
+            self.jobs.publish([i for i in stored["ids"] if i not in reading], reading,
                               undo=lambda s: (_delete(s, record_id, batch_id), self.jobs.forget(s, idem)),
                               what={"openai_batch_id": record_id, "batch_id": batch_id})
         return self.get(record_id), replayed
@@ -530,7 +550,6 @@ class OpenAIBatchService:
     def _jobs_of(self, lines: list[tuple[int, str, dict[str, Any]]], endpoint: str):
         """(job rows, invalid lines) for the keyed requests."""
         rows, invalid, schemas = [], [], {}
-        budget = OcrBudget()  # the file's requests share one request's OCR pages (services/content.py)
         for n, custom_id, line in lines:
             try:
                 unknown = sorted(set(line) - {"custom_id", "method", "url", "body"})
@@ -540,20 +559,21 @@ class OpenAIBatchService:
                     raise bad_request("method must be POST", "method")
                 if line.get("url") != endpoint:
                     raise bad_request(f"url must be the batch's endpoint {endpoint}", "url")
-                request = read_chat_request(line.get("body"), self.jobs, streaming=False, budget=budget)
+                request = read_chat_request(line.get("body"), self.jobs, streaming=False)
                 key = json.dumps(request.schema, sort_keys=True)
                 if key not in schemas:
                     schemas[key] = self.jobs.resolve_schema(None, request.schema, "POST /openai/v1/batches")
-                text = messages_text(request.messages)
-                self.jobs.check_document(text, "/body/messages")
+                document = request.columns()
+                if request.files is None:  # a file's text is checked by the worker that reads it
+                    self.jobs.check_document(document["document"], "/body/messages")
             except ApiError as e:
                 message, param, _ = flatten(e.detail, e.errors)
                 invalid.append({"line": n, "custom_id": custom_id, "status_code": e.status_code, "message": message,
                                 "param": param})
                 continue
-            rows.append(dict(tenant=self.tenant, schema_id=schemas[key], document=text, messages=request.messages,
+            rows.append(dict(tenant=self.tenant, schema_id=schemas[key], messages=request.messages,
                              options=request.options.as_dict(), position=len(rows),
-                             doc_id=json.dumps(custom_id, ensure_ascii=False)))
+                             doc_id=json.dumps(custom_id, ensure_ascii=False), **document))
         return rows, invalid
 
     def get(self, batch_id: str) -> dict[str, Any]:
