@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+from dataclasses import replace
 
-from structspec.ingest import Document, IngestError, ingest, ocr
+from structspec.ingest import Document, IngestError, Limits, ingest
 
-REQUEST_OCR_PAGES = 5 * ocr.MAX_PAGES
+REQUEST_OCR_PAGES = 5 * Limits().max_ocr_pages
 
 
 def decode_base64(content: str) -> bytes:
@@ -44,20 +45,21 @@ def data_url(url: str) -> tuple[bytes, str | None]:
 
 
 class OcrBudget:
-    """The OCR pages one request may still read (REQUEST_OCR_PAGES in all)."""
+    """The OCR pages one request may still read (REQUEST_OCR_PAGES in all), each file within `limits`."""
 
-    def __init__(self, pages: int = REQUEST_OCR_PAGES):
-        self.total, self.left = pages, pages
+    def __init__(self, pages: int = REQUEST_OCR_PAGES, limits: Limits = Limits()):
+        self.total, self.left, self.limits = pages, pages, limits
 
     def read(self, data: bytes, media_type: str | None = None, name: str | None = None) -> Document:
         """ingest() within what is left; a file that needs more is refused naming the request's limit."""
+        file_pages = self.limits.max_ocr_pages
         try:
-            doc = ingest(data, media_type, name, max_ocr_pages=min(ocr.MAX_PAGES, self.left))
+            doc = ingest(data, media_type, name, limits=replace(self.limits, max_ocr_pages=min(file_pages, self.left)))
         except IngestError as e:
-            if e.status == 413 and self.left < ocr.MAX_PAGES:  # the limit may be the request's, say so
+            if e.status == 413 and self.left < file_pages:  # the limit may be the request's, say so
                 raise IngestError(413, f"{e} (one request's files may have {self.total} pages read by OCR in "
                                        f"all, {self.total - self.left} are taken: send the rest in another "
-                                       "request)") from None
+                                       "request)", e.code) from None
             raise
         self.left -= sum(page.ocr for page in doc.pages)
         return doc

@@ -14,7 +14,7 @@ from structspec.api.errors import ApiError
 from structspec.api.services import content
 from structspec.api.services.content import OcrBudget, data_url, decode_base64
 from structspec.api.services.openai import inline_files
-from structspec.ingest import IngestError, ingest, ocr
+from structspec.ingest import IngestError, Limits, ingest
 
 PDF = (Path(__file__).resolve().parents[2] / "fixtures" / "invoices" / "AzureInterior.pdf").read_bytes()
 PDF_URL = "data:application/pdf;base64," + base64.b64encode(PDF).decode()
@@ -81,10 +81,10 @@ def test_an_uploaded_user_data_file_is_read_by_its_id_and_other_purposes_are_ref
 def test_one_requests_ocr_pages_are_bounded_and_the_refusal_names_that_limit(monkeypatch):
     pages = iter([2, 2])
 
-    def fake_ingest(data, media_type=None, name=None, max_ocr_pages=ocr.MAX_PAGES):
+    def fake_ingest(data, media_type=None, name=None, *, limits=Limits()):
         need = next(pages)
-        if need > max_ocr_pages:
-            raise IngestError(413, f"{need} pages to read by OCR; the limit is {max_ocr_pages} pages")
+        if need > limits.max_ocr_pages:
+            raise IngestError(413, f"{need} pages to read by OCR; the limit is {limits.max_ocr_pages} pages")
         return SimpleNamespace(pages=[SimpleNamespace(ocr=True)] * need, text="t")
 
     monkeypatch.setattr(content, "ingest", fake_ingest)

@@ -11,7 +11,7 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as raw
 import pytest
 
-from structspec.ingest import IngestError, detect, ingest
+from structspec.ingest import IngestError, Limits, detect, ingest
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 AZURE = FIXTURES / "invoices" / "AzureInterior.pdf"
@@ -121,7 +121,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
     (blank_pdf(), {}, 422, "no text layer"),
     (PNG, {"name": "scan.png"}, 422, "the image cannot be read"),
     (b"PK\x03\x04zip", {"media_type": "application/zip"}, 415, "unsupported media type application/zip"),
-    (b"x" * 101, {"max_bytes": 100}, 413, "101 bytes; the limit is 100"),
+    (b"x" * 101, {"limits": Limits(max_bytes=100)}, 413, r"101 bytes; the limit is 100 bytes \(max_file_bytes\)"),
     (b"caf\xe9", {}, 422, r"not UTF-8 text \(byte 3"),
     (b"a\x00b", {}, 422, "NUL"),
 ], ids=["truncated-pdf", "encrypted-pdf", "blank-pdf", "corrupt-image", "zip", "too-large", "latin-1", "nul"])

@@ -15,7 +15,7 @@ import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
-from structspec.ingest import IngestError, decode_layout, encode_layout, ingest, ocr
+from structspec.ingest import IngestError, Limits, decode_layout, encode_layout, ingest, ocr
 from structspec.ingest.overlay import draw_boxes
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "invoices"
@@ -202,12 +202,14 @@ def test_a_corrupt_image_is_refused_before_any_ocr(data, kind):
 def test_more_pages_to_ocr_than_the_limit_are_refused_before_any_ocr():
     page = Image.new("RGB", (200, 200), "white")
     tiff = encoded(page, "TIFF", save_all=True, append_images=[page, page])
-    with pytest.raises(IngestError, match="the image has 3 pages; the limit is 2 pages") as e:
-        ingest(tiff, max_ocr_pages=2)
+    with pytest.raises(IngestError, match=r"the image has 3 pages to read by OCR; the limit is 2 pages "
+                                          r"\(ingest_max_ocr_pages\)") as e:
+        ingest(tiff, limits=Limits(max_ocr_pages=2))
     assert e.value.status == 413
     scans = encoded(page, "PDF", save_all=True, append_images=[page])
-    with pytest.raises(IngestError, match="2 pages without a text layer, to read by OCR; the limit is 1") as e:
-        ingest(scans, max_ocr_pages=1)
+    with pytest.raises(IngestError, match=r"the PDF has 2 pages to read by OCR; the limit is 1 pages "
+                                          r"\(ingest_max_ocr_pages\)") as e:
+        ingest(scans, limits=Limits(max_ocr_pages=1))
     assert e.value.status == 413
 
 
