@@ -102,7 +102,7 @@ def measure(data: bytes, media_type: str | None = None, name: str | None = None,
             _fault: str | None = None) -> Reading:
     """read_isolated(), with what it cost (for structspec.bench.hostile and the tests), the
     error returned rather than raised. `_fault` (tests only) names a function of _FAULTS that
-    the reading process runs first, for the failures no file can be relied on to cause."""
+    the reading process runs first ("name" or "name:argument")."""
     timeout = (f"reading the document took longer than its limit of {limits.timeout_s:g} s "
                f"({SETTINGS['timeout_s']}): the process reading it was stopped")
     message, error, wall_s = _run("ingest", data, media_type, name, limits, limits.timeout_s + KILL_MARGIN_S,
@@ -255,7 +255,8 @@ def _child(conn, task: str, data: bytes, media_type: str | None, name: str | Non
     try:
         header["memory_limit"] = _limit_memory(limits.max_memory_bytes)
         if fault is not None:
-            _FAULTS[fault](limits)
+            kind, _, arg = fault.partition(":")
+            _FAULTS[kind](limits, arg)
         if task == "pdf_pages":
             from structspec.ingest.pdf import open_pdf
 
@@ -277,7 +278,11 @@ def _child(conn, task: str, data: bytes, media_type: str | None, name: str | Non
                     boxes.extend(place.box)
             blobs = [lines.tobytes(), boxes.tobytes()]
     except IngestError as e:
-        header["error"] = [e.status, str(e), e.code]
+        message = str(e)
+        if e.code == "read_memory" and SETTINGS["max_memory_bytes"] not in message:  # ingest()'s MemoryError
+            message += f": the limit is {limits.max_memory_bytes // MIB} MiB above the reading process's start " \
+                       f"({SETTINGS['max_memory_bytes']})"
+        header["error"] = [e.status, message, e.code]
     except MemoryError:
         header["error"] = [413, f"reading the file took more than its memory limit, {limits.max_memory_bytes // MIB} "
                                 f"MiB above the reading process's start ({SETTINGS['max_memory_bytes']})",
@@ -318,26 +323,32 @@ def _limit_memory(max_bytes: int) -> int | None:
     return limit
 
 
-# Failures for tests (measure's _fault): what no file can be relied on to cause.
-def _fault_exit(limits: Limits) -> None:
+# Failures for tests (measure's _fault, "name" or "name:argument"): what no file can be relied
+# on to cause, and a way to put a stand-in `tesseract` first on the reading process's PATH (it
+# inherits the fork server's environment, not the caller's at the time of the call).
+def _fault_exit(limits: Limits, arg: str) -> None:
     os._exit(3)
 
 
-def _fault_segfault(limits: Limits) -> None:
+def _fault_segfault(limits: Limits, arg: str) -> None:
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
-def _fault_abort(limits: Limits) -> None:
+def _fault_abort(limits: Limits, arg: str) -> None:
     os.abort()
 
 
-def _fault_sleep(limits: Limits) -> None:
+def _fault_sleep(limits: Limits, arg: str) -> None:
     time.sleep(limits.timeout_s + KILL_MARGIN_S + 60)
 
 
-def _fault_allocate(limits: Limits) -> None:
+def _fault_allocate(limits: Limits, arg: str) -> None:
     bytearray(limits.max_memory_bytes + MIB)
 
 
+def _fault_path(limits: Limits, arg: str) -> None:
+    os.environ["PATH"] = arg + os.pathsep + os.environ.get("PATH", "")
+
+
 _FAULTS = {"exit": _fault_exit, "segfault": _fault_segfault, "abort": _fault_abort, "sleep": _fault_sleep,
-           "allocate": _fault_allocate}
+           "allocate": _fault_allocate, "path": _fault_path}
