@@ -159,3 +159,15 @@ def test_probe_refuses_what_ingest_refuses_without_reading_it(data, kwargs, stat
         with pytest.raises(IngestError, match=message) as e:
             read(data, **kwargs)
         assert (e.value.status, e.value.code) == (status, code)
+
+
+def test_running_out_of_memory_while_reading_is_an_ingest_error(monkeypatch):
+    from structspec.ingest import pdf
+
+    def exhausted(*args):
+        raise MemoryError
+
+    monkeypatch.setattr(pdf, "open_pdf", exhausted)
+    with pytest.raises(IngestError, match="reading the file ran out of memory") as e:
+        ingest(AZURE.read_bytes())
+    assert (e.value.status, e.value.code) == (413, "read_memory")

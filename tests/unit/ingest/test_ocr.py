@@ -276,3 +276,15 @@ def test_a_failing_tesseract_is_an_ingest_error_not_a_server_error(fake_tesserac
     with pytest.raises(IngestError, match=message) as e:
         ingest(encoded(Image.new("RGB", (200, 200), "white"), "PNG"))
     assert (e.value.status, e.value.code) == (status, code)
+
+
+def test_an_image_wider_than_tesseract_reads_is_shrunk_to_fit_with_a_warning(fake_tesseract):
+    # the stand-in answers with the width of the PPM it was given ("P6\n<width> <height>\n255\n...")
+    fake_tesseract('width=$(head -c 24 | tr "\\n" " " | cut -d " " -f 2); cat > /dev/null; '
+                   'printf "%s\\n5\\t1\\t1\\t1\\t1\\t1\\t0\\t0\\t9\\t9\\t95\\tW=%s\\n" '
+                   '"level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"'
+                   ' "$width"')
+    doc = ingest(encoded(Image.new("1", (40000, 8), 1), "PNG"))  # 320 000 pixels, but 40000 wide
+    assert doc.text == "W=32767"
+    assert doc.warnings == ["page 1 is 40000 x 8 pixels: read by OCR at 82% of its size, as Tesseract reads no side "
+                            "over 32767 pixels"]
