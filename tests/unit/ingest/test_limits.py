@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 from dataclasses import fields
 
 import pytest
@@ -61,3 +62,11 @@ def test_the_ocr_timeout_is_the_pages_or_what_is_left_of_the_documents():
                        ) as e:
         budget.ocr_timeout(3)
     assert (e.value.status, e.value.code) == (422, "read_timeout")
+
+
+def test_the_docs_table_of_file_error_codes_is_file_errors():
+    from pathlib import Path
+
+    api = (Path(__file__).resolve().parents[3] / "docs" / "api.md").read_text()
+    rows = [line.strip() for line in api.splitlines() if re.fullmatch(r"\| `\w+` \| \d{3} \| [^|]+ \|", line.strip())]
+    assert rows == [f"| `{code}` | {status} | {meaning} |" for code, (status, meaning) in FILE_ERRORS.items()]
