@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> None:
                           "wall_s": round(time.perf_counter() - t, 3), **outcome(result)}), flush=True)
         reading = measure(data, limits=limits)
         above = reading.peak_above_baseline
-        print(json.dumps({"file": name, "bytes": len(data), "reader": "read_isolated", "wall_s": round(reading.wall_s, 3),
+        print(json.dumps({"file": name, "bytes": len(data), "reader": "read_isolated",
+                          "wall_s": round(reading.wall_s, 3),
                           "peak_rss_above_baseline_mib": None if above is None else round(above / 2 ** 20, 1),
                           "ocr_peak_rss_mib": None if reading.ocr_peak_rss is None
                           else round(reading.ocr_peak_rss / 2 ** 20, 1),

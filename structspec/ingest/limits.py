@@ -46,7 +46,8 @@ class Limits:
             if value is None and f.name == "max_bytes":
                 continue
             zero_ok = f.name == "max_ocr_pages"  # 0: only text layers are read
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0 or (value == 0 and not zero_ok):
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not number or value < 0 or (value == 0 and not zero_ok):
                 raise ValueError(f"Limits.{f.name} ({SETTINGS[f.name]}) must be a number over 0"
                                  f"{' (or 0)' if zero_ok else ''}, not {value!r}")
 

@@ -17,10 +17,10 @@ Budgets (limits.py), so that a small file cannot cost unbounded memory or time:
 - before PDFium sees the file, its Flate streams are inflated here, counting the bytes
   (inflate_check): more than ingest_max_decompressed_mb is refused (413), or more than 1/16 of
   it in cross-reference and object streams. probe() inflates those (what PDFium decodes to
-  open the file and count its pages), read_pdf() every stream. Not covered: streams whose first filter is not Flate (LZW,
-  RunLength, ASCII85/Hex before Flate, JBIG2, JPEG 2000) and names written with #-escapes; the
-  isolated reading process's memory limit (read_isolated, ingest_max_memory_mb) is the
-  backstop for those;
+  open the file and count its pages), read_pdf() every stream. Not covered: streams whose
+  first filter is not Flate (LZW, RunLength, ASCII85/Hex before Flate, JBIG2, JPEG 2000) and
+  names written with #-escapes; the isolated reading process's memory limit (read_isolated,
+  ingest_max_memory_mb) is the backstop for those;
 - ingest_max_pages and ingest_max_ocr_pages are counted before any page is rendered;
 - a scanned page is rendered at a lower resolution when 216 dpi would take it over
   ingest_max_page_pixels (or a side over Tesseract's 32767 pixels), with a warning in the
@@ -240,9 +240,9 @@ def read_pdf(data: bytes, budget: Budget) -> Document:
     finally:
         pdf.close()
     if not doc.text.strip():
-        raise IngestError(422, (f"the PDF has no text layer, and OCR found no text on its scanned pages ({len(scanned)})"
-                                if scanned else "the PDF has no text layer, and its pages are blank")
-                          + "".join(f"; {warning}" for warning in budget.warnings), code="no_text_found")
+        found = (f"the PDF has no text layer, and OCR found no text on its scanned pages ({len(scanned)})" if scanned
+                 else "the PDF has no text layer, and its pages are blank")
+        raise IngestError(422, found + "".join(f"; {warning}" for warning in budget.warnings), code="no_text_found")
     return doc
 
 

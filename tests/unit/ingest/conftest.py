@@ -11,8 +11,6 @@ import pytest
 
 from structspec.ingest import ocr
 
-TSV_HEADER = "level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"
-
 
 @pytest.fixture
 def fake_tesseract(tmp_path, monkeypatch):

@@ -22,6 +22,8 @@ from structspec.ingest import IngestError, Limits, ingest, isolated, read_isolat
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "invoices"
 AZURE = FIXTURES / "AzureInterior.pdf"
 GIB = 1024 ** 3
+TSV_HEADER = "\t".join(["level", "page_num", "block_num", "par_num", "line_num", "word_num", "left", "top", "width",
+                        "height", "conf", "text"])
 
 
 def azure_png(crop: float = 0.3) -> bytes:
@@ -79,8 +81,7 @@ def test_a_200_inch_scanned_page_costs_the_reading_process_under_1_gib_with_tess
 
 def test_tesseract_runs_under_the_reading_process_memory_limit(fake_tesseract):
     path = fake_tesseract('cat > /dev/null; printf "%s\\n5\\t1\\t1\\t1\\t1\\t1\\t1\\t1\\t9\\t9\\t95\\tAS=%s\\n" '
-                          '"level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"'
-                          ' "$(ulimit -v)"')
+                          f'"{TSV_HEADER}" "$(ulimit -v)"')
     reading = isolated.measure(azure_png(0.05), limits=Limits(max_memory_bytes=512 * 1024 ** 2),
                                _fault=f"path:{path}")
     assert reading.error is None, reading.error

@@ -117,7 +117,8 @@ def test_a_pdf_that_pdfium_would_take_minutes_to_open_is_refused_by_probe_in_sec
 def test_the_document_time_limit_is_checked_between_pages():
     refused(pages_pdf(2, content=b"BT /F1 12 Tf 72 700 Td (Hi) Tj ET", resources=b"/Font << /F1 << /Type /Font "
                       b"/Subtype /Type1 /BaseFont /Helvetica >> >>"), 422, "read_timeout",
-            r"reading the document took longer than its limit of 1e-06 s \(ingest_timeout_s\).*before the text of page 1",
+            r"reading the document took longer than its limit of 1e-06 s \(ingest_timeout_s\).*before the text of "
+            r"page 1",
             timeout_s=1e-6)
 
 
