@@ -1,12 +1,13 @@
 """`python -m structspec.bench.hostile`: hostile files against ingestion's budgets (issue 63).
 
 Builds small files that would cost a reader without limits gigabytes or minutes, and real
-invoices for comparison, and reads each twice: probe() (the API's cheap checks) and
-read_isolated() (the worker's reading in a bounded process) with the default Limits. One
-JSON line per file and reader: the outcome (status, code and message, or the text's length
-and the warnings), the wall time, and for read_isolated the reading process's peak resident
-memory above its baseline (VmHWM less VmRSS at its start, as it reports them from
-/proc/self/status) and its largest tesseract run's peak (ru_maxrss of its children).
+invoices for comparison, and reads each with probe() (the API's cheap checks), then with
+read_isolated() (the worker's reading in a bounded process; not the PDF whose repair is
+quadratic, which would spend its whole ingest_timeout_s), with the default Limits. One JSON
+line per file and reader: the outcome (status, code and message, or the text's length and the
+warnings), the wall time, and for read_isolated the reading process's peak resident memory
+above its baseline (VmHWM less VmRSS at its start, as it reports them from /proc/self/status)
+and its largest tesseract run's peak (ru_maxrss of its children).
 
 The builders write PDFs and PNGs by hand, a few kilobytes each, without ever holding what
 they decode to; tests/unit/ingest uses them too.
@@ -146,8 +147,15 @@ def png_file(width: int, height: int) -> bytes:
 
 # --- the run -----------------------------------------------------------------------------------
 
+def repair_pdf(objects: int = 20000) -> bytes:
+    """Objects with streams and no `endobj`, and no cross-reference: PDFium's repair of the file
+    takes time quadratic in its size (20000 of them, 660 KB: 26 s here; 2 MB: 150 s)."""
+    return b"%PDF-1.7\n" + b"1 0 obj << >>stream\nxx\nendstream\n" * objects
+
+
 def cases(invoices: Path) -> list[tuple[str, bytes]]:
     out = [("pdf-200-inch-page", big_page_pdf()),
+           ("pdf-repair-quadratic-660KB", repair_pdf()),
            ("png-30000x30000", png_file(30000, 30000)),
            ("pdf-flate-bomb-1GiB", flate_bomb_pdf(1024 ** 3)),
            ("pdf-object-stream-bomb-1GiB", object_stream_bomb_pdf(1024 ** 3)),
@@ -185,6 +193,8 @@ def main(argv: list[str] | None = None) -> None:
             result = e
         print(json.dumps({"file": name, "bytes": len(data), "reader": "probe",
                           "wall_s": round(time.perf_counter() - t, 3), **outcome(result)}), flush=True)
+        if name.startswith("pdf-repair"):
+            continue  # see the docstring
         reading = measure(data, limits=limits)
         above = reading.peak_above_baseline
         print(json.dumps({"file": name, "bytes": len(data), "reader": "read_isolated",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from structspec.bench.hostile import big_page_pdf, flate_bomb_pdf, image_in_pdf, object_stream_bomb_pdf, pages_pdf
+from structspec.bench.hostile import big_page_pdf, flate_bomb_pdf, image_in_pdf, object_stream_bomb_pdf, pages_pdf, \
+    repair_pdf
 from structspec.ingest import IngestError, Limits, ingest, ocr, pdf, probe
 
 
@@ -110,7 +111,7 @@ def test_a_pdf_that_pdfium_would_take_minutes_to_open_is_refused_by_probe_in_sec
     from structspec.ingest import isolated
 
     monkeypatch.setattr(isolated, "PROBE_OPEN_TIMEOUT_S", 1.0)
-    data = b"%PDF-1.7\n" + b"1 0 obj << >>stream\nxx\nendstream\n" * 20000
+    data = repair_pdf()
     refused(data, 422, "read_timeout", r"opening the PDF took longer than 1 s .*ingest_timeout_s", read=probe)
 
 
