@@ -31,17 +31,21 @@ def read_json_file(path: str, what: str):
 
 def read_source(path: str):
     """The document in file `path` ('-': stdin) as structspec.ingest reads it: text, or a PDF's
-    or an image's text (its text layer, or OCR) with each character's page and box."""
-    from structspec.ingest import IngestError, ingest
+    or an image's text (its text layer, or OCR) with each character's page and box, within the
+    `ingest_*` settings' limits (what reading changed to stay within them is printed)."""
+    from structspec.ingest import IngestError, Limits, ingest
 
     try:
         data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as e:
         raise CliError(f"cannot read document {path}: {e.strerror}") from None
     try:
-        return ingest(data, name=None if path == "-" else path)
+        doc = ingest(data, name=None if path == "-" else path, limits=Limits.from_settings(Settings.from_env()))
     except IngestError as e:
         raise CliError(f"document {path}: {e}") from None
+    for warning in doc.warnings:
+        print(f"structspec: warning: document {path}: {warning}", file=sys.stderr)
+    return doc
 
 
 def read_document(path: str) -> str:

@@ -17,13 +17,38 @@ from typing import Protocol, TypeVar
 Box = tuple[float, float, float, float]
 
 
+# The machine-readable `code` of every IngestError: (its HTTP status, what it means). The API
+# and the docs' table read them from here.
+FILE_ERRORS: dict[str, tuple[int, str]] = {
+    "file_too_large": (413, "the file, or what reading it takes (pages, pixels, decompressed bytes), is over a "
+                            "limit; the message names its setting"),
+    "unsupported_media_type": (415, "not text, PDF, PNG, JPEG or TIFF"),
+    "file_unreadable": (422, "the file is corrupt, truncated, or not what its type says"),
+    "file_encrypted": (422, "a PDF that needs a password"),
+    "no_text_found": (422, "no text: blank pages, or OCR read nothing"),
+    "ocr_unavailable": (415, "an image or a scanned page, and the server has no OCR engine (Tesseract)"),
+    "read_timeout": (422, "reading took longer than ingest_timeout_s, or OCR of one page longer than "
+                          "ingest_ocr_page_timeout_s"),
+    "read_memory": (413, "the process reading the file reached its memory limit (ingest_max_memory_mb)"),
+    "read_crashed": (422, "the process reading the file (or its OCR) died"),
+}
+STATUS_CODES = {413: "file_too_large", 415: "unsupported_media_type", 422: "file_unreadable"}  # the default code
+
+
 class IngestError(ValueError):
     """A document that cannot be read: `status` is the HTTP status that names the kind of
-    problem (413 too large, 415 unsupported media type, 422 unreadable content)."""
+    problem (413 too large, 415 unsupported media type, 422 unreadable content), `code` a
+    stable machine-readable name for it (FILE_ERRORS; by default the status's)."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, code: str | None = None):
         super().__init__(message)
         self.status = status
+        self.code = code or STATUS_CODES.get(status, "file_unreadable")
+        if self.code not in FILE_ERRORS:
+            raise ValueError(f"unknown IngestError code {self.code!r}; add it to FILE_ERRORS")
+
+    def __reduce__(self):  # pickled (a Celery result, a process boundary) with its status and code
+        return type(self), (self.status, str(self), self.code)
 
 
 @dataclass(frozen=True)
@@ -49,6 +74,9 @@ class Document:
     pages: list[Page] = field(default_factory=list)
     chars: list[CharPlace | None] = field(default_factory=list)  # one per character of `text`, or empty
     source: bytes = field(default=b"", repr=False)  # the bytes it was read from, where it has pages
+    # what the reader changed to stay within its limits (a page rendered at a lower resolution);
+    # not stored with the layout
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def has_layout(self) -> bool:

@@ -4,8 +4,14 @@ The engine is Tesseract 5, run as the `tesseract` command, one single-threaded p
 page (its English model loads in ~0.1 s of the 1-2 s an invoice page takes on this 2-core CPU). It is a
 system package, not a wheel: Debian's `tesseract-ocr` (which brings the English model,
 `tesseract-ocr-eng`); `make install` cannot install it and says so. Without it, images and
-scanned PDF pages are refused (415) naming the package. What is kept per process is the
-checked path of the command (engine()); the model loads with each page's process.
+scanned PDF pages are refused (415, ocr_unavailable) naming the package. What is kept per
+process is the checked path of the command (engine()); the model loads with each page's process.
+
+Each run is bounded by the reading's Budget (limits.py): its time by ingest_ocr_page_timeout_s,
+or by what is left of ingest_timeout_s when that is less (then it is killed: 422
+read_timeout); the image it is given by ingest_max_page_pixels, enlargement included. Its
+memory is the reading process's to bound: under read_isolated the command inherits that
+process's address-space limit, and a run that fails for want of memory is 413 read_memory.
 
 It was picked over rapidocr-onnxruntime 1.4.4 (PaddleOCR's PP-OCRv4 models on onnxruntime,
 a pip wheel) on the invoices of ../shared/data (structspec/bench/ocr.py, docs/benchmarks.md):
@@ -24,8 +30,10 @@ The spaces put between words have no box, as a PDF's generated spaces have none.
 from __future__ import annotations
 
 import csv
+import errno
 import functools
 import io
+import math
 import os
 import shutil
 import subprocess
@@ -33,18 +41,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from structspec.ingest.document import Box, CharPlace, IngestError, rows
+from structspec.ingest.limits import MIB, SETTINGS, Budget, Limits
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-MAX_PAGES = 20  # pages read by OCR per document: it runs while the request waits, ~30 s for 20 here
-TIMEOUT_S = 120  # one page; an invoice page takes 1-3 s here
 LANGUAGE = "eng"
 # One OpenMP thread: Tesseract's threads spin while they wait, and beside other work on this
 # 2-core CPU a page took 2.9 s with its default threads against 0.7 s with one. Concurrent
 # requests then OCR side by side, a core each.
 ENV = {**os.environ, "OMP_THREAD_LIMIT": "1"}
-ENLARGED_MAX_PIXELS = 50_000_000  # an image is enlarged only while it stays under this
+MAX_SIDE = 32767  # Tesseract 5 refuses an image wider or taller ("Image too large")
 INSTALL = "install Tesseract (Debian: apt-get install tesseract-ocr)"
 
 
@@ -70,49 +77,86 @@ def engine() -> str:
     exe = shutil.which("tesseract")
     if exe is None:
         raise IngestError(415, f"images and scanned PDF pages need OCR, and the tesseract command is not "
-                               f"installed here; {INSTALL}")
-    langs = subprocess.run([exe, "--list-langs"], capture_output=True, text=True, timeout=30)
+                               f"installed here; {INSTALL}", code="ocr_unavailable")
+    try:
+        langs = subprocess.run([exe, "--list-langs"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise IngestError(415, f"the tesseract command ({exe}) does not run here: {e}", code="ocr_unavailable") \
+            from None
     if LANGUAGE not in langs.stdout.split():
         raise IngestError(415, f"tesseract has no {LANGUAGE!r} model here ({langs.stdout.strip()!r}); "
-                               "install it (Debian: apt-get install tesseract-ocr-eng)")
+                               "install it (Debian: apt-get install tesseract-ocr-eng)", code="ocr_unavailable")
     return exe
 
 
-def find_lines(image: Image, dpi: float | None = None) -> list[Line]:
+# what Tesseract 5.3 and its image library print when an allocation fails: Leptonica's
+# "pixd not made" (seen under an address-space limit), a C++ std::bad_alloc
+OUT_OF_MEMORY = ("not made", "bad_alloc", "out of memory", "Cannot allocate")
+
+
+def find_lines(image: Image, dpi: float | None = None, budget: Budget | None = None, page: int = 1) -> list[Line]:
     """The text lines OCR reads in `image`, boxes in its pixels; empty when it finds none.
-    `dpi`: the image's resolution, where known (Tesseract estimates it otherwise)."""
+    `dpi`: the image's resolution, where known (Tesseract estimates it otherwise). `budget`:
+    the reading's limits and time so far (a fresh default one if not given); `page` names the
+    page in errors."""
     from PIL import Image
 
+    budget = budget or Budget(Limits())
     exe = engine()
     # in colour: Tesseract's own grey conversion keeps text that Pillow's luma turns to the
     # grey of its background (an invoice here lost its coloured table rows)
-    rgb = image.convert("RGB")
-    k = enlargement(image, dpi)
-    if k > 1:
-        rgb = rgb.resize((rgb.width * k, rgb.height * k), Image.Resampling.LANCZOS)
+    rgb = image if image.mode == "RGB" else image.convert("RGB")  # convert() would copy an RGB image
+    k = enlargement(rgb, dpi, budget.limits.max_page_pixels)
+    if max(rgb.size) > MAX_SIDE:
+        k = MAX_SIDE / max(rgb.size)
+        budget.warnings.append(f"page {page} is {rgb.width} x {rgb.height} pixels: read by OCR at {k:.0%} of its "
+                               f"size, as Tesseract reads no side over {MAX_SIDE} pixels")
+    if k != 1:
+        rgb = rgb.resize((max(1, math.floor(rgb.width * k)), max(1, math.floor(rgb.height * k))),
+                         Image.Resampling.LANCZOS)
     buf = io.BytesIO()
     rgb.save(buf, "PPM")  # uncompressed: nothing to encode or decode
+    del rgb
     cmd = [exe, "stdin", "stdout", "-l", LANGUAGE, *(["--dpi", str(round(dpi * k))] if dpi else []), "tsv"]
+    timeout, setting = budget.ocr_timeout(page)
     try:
-        out = subprocess.run(cmd, input=buf.getvalue(), capture_output=True, timeout=TIMEOUT_S, env=ENV)
+        # the buffer itself, not a copy of it (a 50-megapixel page is 150 MB)
+        out = subprocess.run(cmd, input=buf.getbuffer(), capture_output=True, timeout=timeout, env=ENV)
     except subprocess.TimeoutExpired:
-        raise IngestError(422, f"OCR gave up on a page after {TIMEOUT_S} s") from None
+        if setting == SETTINGS["timeout_s"]:
+            raise IngestError(422, f"OCR of page {page} was stopped after {timeout:.3g} s, when reading the document "
+                                   f"reached its limit of {budget.limits.timeout_s:g} s ({setting})",
+                              code="read_timeout") from None
+        raise IngestError(422, f"OCR of page {page} took longer than its limit of {timeout:g} s ({setting})",
+                          code="read_timeout") from None
+    except OSError as e:
+        if e.errno == errno.ENOMEM:  # no memory left to start it, under the reading process's limit
+            raise IngestError(413, f"OCR of page {page} could not start: {e}", code="read_memory") from None
+        raise IngestError(415, f"OCR of page {page} could not start: {e}", code="ocr_unavailable") from None
     if out.returncode != 0:
-        raise RuntimeError(f"tesseract failed (exit {out.returncode}): {out.stderr.decode(errors='replace')[-500:]}")
+        err = out.stderr.decode(errors="replace").strip()
+        last = err.splitlines()[-1][-300:] if err else "nothing on stderr"
+        how = f"signal {-out.returncode}" if out.returncode < 0 else f"status {out.returncode}"
+        if any(sign in err for sign in OUT_OF_MEMORY):
+            raise IngestError(413, f"OCR of page {page} ran out of memory (tesseract exited with {how}: {last}); "
+                                   f"the reading process's limit is {budget.limits.max_memory_bytes // MIB} MiB "
+                                   f"({SETTINGS['max_memory_bytes']})", code="read_memory")
+        raise IngestError(422, f"OCR of page {page} failed: tesseract exited with {how}: {last}", code="read_crashed")
     return parse_tsv(out.stdout.decode("utf-8", "replace"), k)
 
 
-def enlargement(image: Image, dpi: float | None) -> int:
+def enlargement(image: Image, dpi: float | None, max_pixels: int) -> float:
     """2 for a low-resolution image (under 150 dpi, or without a resolution and narrower than
-    an A4 page at 150 dpi), else 1. Tesseract reads small print better enlarged: a 96-dpi
-    invoice here went from 0.76 to 0.93 of its OCR words right."""
+    an A4 page at 150 dpi), else 1; 1 too when the enlarged image would be over `max_pixels`
+    (ingest_max_page_pixels). Tesseract reads small print better enlarged: a 96-dpi invoice
+    here went from 0.76 to 0.93 of its OCR words right."""
     low = dpi < 150 if dpi else image.width < 1240
-    return 2 if low and 4 * image.width * image.height <= ENLARGED_MAX_PIXELS else 1
+    return 2.0 if low and 4 * image.width * image.height <= max_pixels else 1.0
 
 
-def parse_tsv(tsv: str, k: int = 1) -> list[Line]:
+def parse_tsv(tsv: str, k: float = 1) -> list[Line]:
     """Tesseract's TSV (one row per page, block, paragraph, line and word) as lines of words,
-    boxes divided by `k` (the image was enlarged k times)."""
+    boxes divided by `k` (the image was resized k times)."""
     lines: dict[tuple[str, str, str], list[Word]] = {}
     for row in csv.DictReader(io.StringIO(tsv), delimiter="\t", quoting=csv.QUOTE_NONE):
         text = (row.get("text") or "").strip()

@@ -7,7 +7,9 @@ from pathlib import Path
 
 from structspec.ingest.document import Document
 from structspec.ingest.image import page_image
+from structspec.ingest.limits import Limits
 from structspec.ingest.pdf import MEDIA_TYPE as PDF
+from structspec.ingest.pdf import render_scale
 
 SCALE = 2.0  # pixels per PDF point in the rendered page (144 dpi)
 A4_HEIGHT_PT = 842  # an image's lines and labels are as thick, for its height, as on a rendered A4 page
@@ -54,6 +56,8 @@ def _page_images(doc: Document, pages: list[int]):
     pdf = pdfium.PdfDocument(doc.source)
     try:
         for number in pages:
-            yield number, pdf[number - 1].render(scale=SCALE).to_pil().convert("RGB"), SCALE
+            page = pdf[number - 1]
+            scale = min(SCALE, render_scale(*page.get_size(), Limits().max_page_pixels))  # a huge page: smaller
+            yield number, page.render(scale=scale).to_pil().convert("RGB"), scale
     finally:
         pdf.close()

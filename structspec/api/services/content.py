@@ -5,9 +5,7 @@ status that fits (413, 415, 422); each surface words and places the error its ow
 
 Extraction jobs and batches only *check* a file while the request waits (`submitted_file`:
 size, media type by its first bytes, that it opens, its page count: structspec.ingest.probe,
-milliseconds), and a worker reads it (worker/ingest.py). The chat surface still reads its file
-parts in the request (a chat request waits for its answer anyway), at most REQUEST_OCR_PAGES
-pages by OCR across one request's files (OcrBudget).
+milliseconds), and a worker reads it (worker/ingest.py): so do the chat surface's file parts.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
-from structspec.ingest import TEXT, Document, IngestError, Limits, ingest, ocr, probe
+from structspec.ingest import TEXT, IngestError, Limits, ingest, probe
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,6 @@ def submitted_file(data: bytes, media_type: str | None, limits: Limits, name: st
         return Submitted(text=ingest(data, found.media_type, name, limits=limits).text)
     return Submitted(source=data, media_type=found.media_type, name=name)
 
-REQUEST_OCR_PAGES = 5 * ocr.MAX_PAGES
-
 
 def decode_base64(content: str) -> bytes:
     """`content`'s bytes; IngestError(422) when it is not base64."""
@@ -104,23 +100,3 @@ def data_url(url: str) -> tuple[bytes, str | None]:
     if "base64" not in (p.strip().lower() for p in params[1:]):
         raise IngestError(422, "a data: URL of a file must be base64 (data:<media type>;base64,<data>)")
     return decode_base64(data), media_type
-
-
-class OcrBudget:
-    """The OCR pages one request may still read (REQUEST_OCR_PAGES in all)."""
-
-    def __init__(self, pages: int = REQUEST_OCR_PAGES):
-        self.total, self.left = pages, pages
-
-    def read(self, data: bytes, media_type: str | None = None, name: str | None = None) -> Document:
-        """ingest() within what is left; a file that needs more is refused naming the request's limit."""
-        try:
-            doc = ingest(data, media_type, name, max_ocr_pages=min(ocr.MAX_PAGES, self.left))
-        except IngestError as e:
-            if e.status == 413 and self.left < ocr.MAX_PAGES:  # the limit may be the request's, say so
-                raise IngestError(413, f"{e} (one request's files may have {self.total} pages read by OCR in "
-                                       f"all, {self.total - self.left} are taken: send the rest in another "
-                                       "request)") from None
-            raise
-        self.left -= sum(page.ocr for page in doc.pages)
-        return doc

@@ -11,7 +11,7 @@ import pypdfium2 as pdfium
 import pypdfium2.raw as raw
 import pytest
 
-from structspec.ingest import IngestError, detect, ingest
+from structspec.ingest import IngestError, Limits, Probe, detect, ingest, probe
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 AZURE = FIXTURES / "invoices" / "AzureInterior.pdf"
@@ -121,7 +121,7 @@ PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
     (blank_pdf(), {}, 422, "no text layer"),
     (PNG, {"name": "scan.png"}, 422, "the image cannot be read"),
     (b"PK\x03\x04zip", {"media_type": "application/zip"}, 415, "unsupported media type application/zip"),
-    (b"x" * 101, {"max_bytes": 100}, 413, "101 bytes; the limit is 100"),
+    (b"x" * 101, {"limits": Limits(max_bytes=100)}, 413, r"101 bytes; the limit is 100 bytes \(max_file_bytes\)"),
     (b"caf\xe9", {}, 422, r"not UTF-8 text \(byte 3"),
     (b"a\x00b", {}, 422, "NUL"),
 ], ids=["truncated-pdf", "encrypted-pdf", "blank-pdf", "corrupt-image", "zip", "too-large", "latin-1", "nul"])
@@ -138,3 +138,36 @@ def test_magic_bytes_win_over_the_name_and_the_media_type():
     assert detect(b"hello", None, "notes.PDF") == "application/pdf"  # then refused as unreadable
     with pytest.raises(IngestError, match="cannot be read"):
         ingest(b"hello", name="notes.pdf")
+
+
+def test_probe_answers_the_media_type_and_pages_of_what_ingest_reads():
+    assert probe(QUALITY.read_bytes()) == Probe("application/pdf", 2)
+    assert probe("Total: 4,11 €".encode(), "text/markdown") == Probe("text/plain", 1)
+    assert probe(blank_pdf()) == Probe("application/pdf", 1)  # ingest refuses it later: nothing to read
+
+
+@pytest.mark.parametrize("data, kwargs, status, code, message", [
+    (b"x" * 101, {"limits": Limits(max_bytes=100)}, 413, "file_too_large", r"\(max_file_bytes\)"),
+    (b"PK\x03\x04zip", {"media_type": "application/zip"}, 415, "unsupported_media_type", "unsupported media type"),
+    (b"caf\xe9", {}, 422, "file_unreadable", "not UTF-8 text"),
+    (b"a\x00b", {}, 422, "file_unreadable", "NUL"),
+    (AZURE.read_bytes()[:5000], {}, 422, "file_unreadable", "the PDF cannot be read"),
+    (PNG, {}, 422, "file_unreadable", "the image cannot be read"),
+], ids=["too-large", "zip", "latin-1", "nul", "truncated-pdf", "corrupt-png"])
+def test_probe_refuses_what_ingest_refuses_without_reading_it(data, kwargs, status, code, message):
+    for read in (probe, ingest):
+        with pytest.raises(IngestError, match=message) as e:
+            read(data, **kwargs)
+        assert (e.value.status, e.value.code) == (status, code)
+
+
+def test_running_out_of_memory_while_reading_is_an_ingest_error(monkeypatch):
+    from structspec.ingest import pdf
+
+    def exhausted(*args):
+        raise MemoryError
+
+    monkeypatch.setattr(pdf, "open_pdf", exhausted)
+    with pytest.raises(IngestError, match="reading the file ran out of memory") as e:
+        ingest(AZURE.read_bytes())
+    assert (e.value.status, e.value.code) == (413, "read_memory")

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import io
 import shutil
+import time
 from pathlib import Path
 
 import pypdfium2 as pdfium
 import pytest
 from PIL import Image
 
-from structspec.ingest import IngestError, decode_layout, encode_layout, ingest, ocr
+from structspec.ingest import IngestError, Limits, decode_layout, encode_layout, ingest, ocr
 from structspec.ingest.overlay import draw_boxes
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "invoices"
@@ -181,7 +182,7 @@ def test_an_image_or_a_scanned_pdf_without_text_is_refused_naming_the_file(tesse
     white = Image.new("RGB", (1240, 1754), "white")
     with pytest.raises(IngestError, match="no text found in the image blank.png") as e:
         ingest(encoded(white, "PNG"), name="blank.png")
-    assert e.value.status == 422
+    assert (e.value.status, e.value.code) == (422, "no_text_found")
     with pytest.raises(IngestError, match=r"no text layer, and OCR found no text on its scanned pages \(1\)") as e:
         ingest(encoded(white, "PDF", resolution=150))
     assert e.value.status == 422
@@ -202,12 +203,14 @@ def test_a_corrupt_image_is_refused_before_any_ocr(data, kind):
 def test_more_pages_to_ocr_than_the_limit_are_refused_before_any_ocr():
     page = Image.new("RGB", (200, 200), "white")
     tiff = encoded(page, "TIFF", save_all=True, append_images=[page, page])
-    with pytest.raises(IngestError, match="the image has 3 pages; the limit is 2 pages") as e:
-        ingest(tiff, max_ocr_pages=2)
+    with pytest.raises(IngestError, match=r"the image has 3 pages to read by OCR; the limit is 2 pages "
+                                          r"\(ingest_max_ocr_pages\)") as e:
+        ingest(tiff, limits=Limits(max_ocr_pages=2))
     assert e.value.status == 413
     scans = encoded(page, "PDF", save_all=True, append_images=[page])
-    with pytest.raises(IngestError, match="2 pages without a text layer, to read by OCR; the limit is 1") as e:
-        ingest(scans, max_ocr_pages=1)
+    with pytest.raises(IngestError, match=r"the PDF has 2 pages to read by OCR; the limit is 1 pages "
+                                          r"\(ingest_max_ocr_pages\)") as e:
+        ingest(scans, limits=Limits(max_ocr_pages=1))
     assert e.value.status == 413
 
 
@@ -217,7 +220,7 @@ def test_without_tesseract_images_are_refused_naming_what_to_install(monkeypatch
     try:
         with pytest.raises(IngestError, match="apt-get install tesseract-ocr") as e:
             ingest(encoded(Image.new("RGB", (200, 200), "white"), "PNG"))
-        assert e.value.status == 415
+        assert (e.value.status, e.value.code) == (415, "ocr_unavailable")
     finally:
         ocr.engine.cache_clear()
 
@@ -236,3 +239,52 @@ def test_each_character_takes_its_slice_of_its_word_and_spaces_have_none():
                                                           (120, 100, 130, 124), None]
     assert places[4].box == (100, 200, 108, 220) and places[9] is None and places[10].box == (160, 200, 175, 220)
     assert {(p.page, p.line) for p in places[:3]} == {(3, 7)} and {p.line for p in places[4:] if p} == {8}
+
+
+def test_enlargement_stays_within_the_page_pixel_limit():
+    small = Image.new("RGB", (1000, 1400), "white")  # 1.4 million pixels, 96 dpi: enlarged twice is 5.6 million
+    assert ocr.enlargement(small, 96, max_pixels=5_600_000) == 2
+    assert ocr.enlargement(small, 96, max_pixels=5_599_999) == 1
+
+
+def test_an_ocr_run_past_its_page_limit_is_stopped_naming_the_setting(fake_tesseract):
+    fake_tesseract("exec sleep 30")
+    t = time.monotonic()
+    with pytest.raises(IngestError, match=r"OCR of page 1 took longer than its limit of 0.5 s "
+                                          r"\(ingest_ocr_page_timeout_s\)") as e:
+        ingest(encoded(Image.new("RGB", (200, 200), "white"), "PNG"), limits=Limits(ocr_page_timeout_s=0.5))
+    assert (e.value.status, e.value.code) == (422, "read_timeout") and time.monotonic() - t < 10
+
+
+def test_an_ocr_run_is_stopped_when_the_document_runs_out_of_time(fake_tesseract):
+    fake_tesseract("exec sleep 30")
+    page = Image.new("RGB", (200, 200), "white")
+    tiff = encoded(page, "TIFF", save_all=True, append_images=[page])
+    with pytest.raises(IngestError, match=r"OCR of page 1 was stopped after .* s, when reading the document reached "
+                                          r"its limit of 1 s \(ingest_timeout_s\)") as e:
+        ingest(tiff, limits=Limits(timeout_s=1, ocr_page_timeout_s=60))
+    assert (e.value.status, e.value.code) == (422, "read_timeout")
+
+
+@pytest.mark.parametrize("body, status, code, message", [
+    ('cat > /dev/null; echo "Error in pixCreateTemplate: pixd not made" >&2; exit 1', 413, "read_memory",
+     r"OCR of page 1 ran out of memory \(tesseract exited with status 1: .*pixd not made\).*ingest_max_memory_mb"),
+    ("cat > /dev/null; kill -SEGV $$", 422, "read_crashed", r"OCR of page 1 failed: tesseract exited with signal 11"),
+], ids=["out-of-memory", "crash"])
+def test_a_failing_tesseract_is_an_ingest_error_not_a_server_error(fake_tesseract, body, status, code, message):
+    fake_tesseract(body)
+    with pytest.raises(IngestError, match=message) as e:
+        ingest(encoded(Image.new("RGB", (200, 200), "white"), "PNG"))
+    assert (e.value.status, e.value.code) == (status, code)
+
+
+def test_an_image_wider_than_tesseract_reads_is_shrunk_to_fit_with_a_warning(fake_tesseract):
+    # the stand-in answers with the width of the PPM it was given ("P6\n<width> <height>\n255\n...")
+    fake_tesseract('width=$(head -c 24 | tr "\\n" " " | cut -d " " -f 2); cat > /dev/null; '
+                   'printf "%s\\n5\\t1\\t1\\t1\\t1\\t1\\t0\\t0\\t9\\t9\\t95\\tW=%s\\n" '
+                   '"level\tpage_num\tblock_num\tpar_num\tline_num\tword_num\tleft\ttop\twidth\theight\tconf\ttext"'
+                   ' "$width"')
+    doc = ingest(encoded(Image.new("1", (40000, 8), 1), "PNG"))  # 320 000 pixels, but 40000 wide
+    assert doc.text == "W=32767"
+    assert doc.warnings == ["page 1 is 40000 x 8 pixels: read by OCR at 82% of its size, as Tesseract reads no side "
+                            "over 32767 pixels"]
