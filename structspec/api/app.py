@@ -16,6 +16,7 @@ from structspec.api.auth import AUTH_MIDDLEWARE, SECURITY_SCHEME
 from structspec.api.batches import BatchController
 from structspec.api.errors import handle_exception
 from structspec.api.extractions import ExtractionController
+from structspec.api.files import FileController
 from structspec.api.guard import check_request
 from structspec.api.health import HealthController
 from structspec.api.metrics import MetricsController
