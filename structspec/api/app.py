@@ -51,6 +51,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     publisher = make_celery(settings)
     limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    auth_failures = RateLimiter(settings.auth_failures_per_minute, settings.auth_failure_burst,
+                                settings="auth_failures_per_minute, auth_failure_burst")
     doclen = DocumentLengthChecker(settings)  # loads the tokenizer at the first submission
     waiter = JobWaiter(engine, settings.database_url)  # what waiting requests sleep on
 
@@ -64,9 +66,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
                         MetricsController, OpenAIController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
-                     "publisher": publisher, "rate_limiter": limiter, "doclen": doclen, "waiter": waiter}),
-        # Outermost first: the rate limit also meters requests with wrong keys (key guessing).
-        middleware=[RateLimitMiddleware(limiter), AUTH_MIDDLEWARE],
+                     "publisher": publisher, "rate_limiter": limiter, "auth_failures": auth_failures,
+                     "doclen": doclen, "waiter": waiter}),
+        # Outermost first: both meters answer before auth looks a key up (api/ratelimit.py).
+        middleware=[RateLimitMiddleware(limiter, auth_failures), AUTH_MIDDLEWARE],
         exception_handlers={Exception: handle_any_exception},
         before_request=check_request,  # NUL and lone surrogates: 400 before any handler parses the request
         plugins=[StrictStructSchemaPlugin()],
