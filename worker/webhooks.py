@@ -38,7 +38,7 @@ import msgspec
 
 from structspec.config import Settings
 from structspec.db.jobs import BatchRepository, JobRepository
-from structspec.logs import preview
+from structspec.logs import clip
 from structspec.services.batches import to_batch_read
 from structspec.services.webhooks import ascii_host, vetted_addresses
 
@@ -125,12 +125,12 @@ def _post(post, url: str, addresses: list[str], body: bytes, secret: str) -> str
         except (httpx.ConnectError, httpx.ConnectTimeout) as e:
             if i + 1 < len(tried):
                 continue  # no connection, nothing sent: the next vetted address
-            return f"{type(e).__name__}: {preview(e, 200)} (connecting to {address})"
+            return f"{type(e).__name__}: {clip(e, 200)} (connecting to {address})"
         except httpx.HTTPError as e:
-            return f"{type(e).__name__}: {preview(e, 200)}"
+            return f"{type(e).__name__}: {clip(e, 200)}"
         if 200 <= r.status_code < 300:
             return None
-        return f"HTTP {r.status_code}: {preview(r.text, 200)}"
+        return f"HTTP {r.status_code}: {clip(r.text, 200)}"
     raise AssertionError("vetted_addresses returns at least one address")
 
 
