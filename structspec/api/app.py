@@ -25,6 +25,7 @@ from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.health import HealthService
+from structspec.api.services.probecache import ProbeCache
 from structspec.api.services.waiting import JobWaiter
 from structspec.config import Settings
 from structspec.db.session import make_engine, make_session_factory
@@ -67,7 +68,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
                      "publisher": publisher, "rate_limiter": limiter, "auth_failures": auth_failures,
-                     "doclen": doclen, "waiter": waiter}),
+                     "doclen": doclen, "waiter": waiter, "metrics_cache": ProbeCache()}),
         # Outermost first: both meters answer before auth looks a key up (api/ratelimit.py).
         middleware=[RateLimitMiddleware(limiter, auth_failures), AUTH_MIDDLEWARE],
         exception_handlers={Exception: handle_any_exception},
