@@ -83,8 +83,8 @@ class Settings:
     # only, no torch) when its files are on this machine, and refuses what cannot fit the
     # context; "off": only the worker checks (the job fails naming both counts).
     document_token_check: str = "auto"
-    # Per client (SHA-256 of the Authorization header, else the client IP), per API process:
-    # a token bucket refilled at rate_limit_per_minute, holding at most rate_limit_burst. 0 = off.
+    # Per client (an API key once auth has accepted it, in any spelling; else the client IP), per
+    # API process: a token bucket refilled at rate_limit_per_minute, holding at most rate_limit_burst. 0 = off.
     rate_limit_per_minute: int = 600
     rate_limit_burst: int = 100
     # Grammar engine limits (llguidance ParserLimits), checked when a schema is registered and

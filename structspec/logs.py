@@ -7,17 +7,24 @@ Two formats, picked by `STRUCTSPEC_LOG_FORMAT`:
 
 Fields are what a call site passes with `extra=` (job_id, schema_id, batch_id, strategy,
 status, duration_s, ...); both formats print them. Documents and model outputs are never
-logged: call sites log lengths and ids, and anything derived from a document (an error
-message may quote the output) goes through `preview()` first. As a backstop every field and
-message is cut to `MAX_CHARS`.
+logged: call sites log lengths and ids, and any message that may quote a document or a result
+(an exception's, a job's error) goes through `preview()`, which keeps its structural prefix
+and gives the rest only as a length and a digest. A logged exception's traceback (`exc`, and
+`log.exception`) lists its frames, and each exception's message through `preview()` too. As a
+backstop every field and message is cut to `MAX_CHARS`.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import hmac
 import json
 import logging
+import re
+import secrets
 import sys
+import traceback
 import uuid
 from typing import Any
 
@@ -31,12 +38,76 @@ _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"messa
                                                                           "color_message"}
 
 
+# Where a message's structural prefix ends: the first quote (Python's repr and most libraries
+# quote the values they name), digit (a number may be a value), bracket or brace (a list, an
+# object), `<`, `=`, or `: ` (what follows a colon is usually the detail, often a value).
+_CONTENT_START = re.compile(r"""['"`\u2018\u2019\u201c\u201d\u00ab\u00bb0-9\[\]{}<=]|: """)
+# Exceptions about reaching a service, whose messages name hosts, ports and states, never a
+# document: kept whole (cut to the limit), since an operator needs them.
+_CONNECTIVITY = {"sqlalchemy.exc.OperationalError", "sqlalchemy.exc.InterfaceError",
+                 "sqlalchemy.exc.DisconnectionError", "sqlalchemy.exc.TimeoutError",
+                 "kombu.exceptions.OperationalError", "psycopg.OperationalError",
+                 "redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"}
+# Digests are keyed per process: equal messages in one process's log have equal digests, and a
+# short value (a number, a name) cannot be found by hashing guesses.
+_DIGEST_KEY = secrets.token_bytes(16)
+
+
 def preview(text: Any, limit: int = PREVIEW_CHARS) -> str | None:
-    """`text` cut to `limit` characters (with the full length noted), for document-derived values."""
+    """What a log may say of a message that may quote a document or a result: its structural
+    prefix (up to the first quote, digit, bracket, `=` or `: `, at most `limit` characters),
+    then its length and a digest, e.g. `invalid... (48 chars, #1f3a9c0d)`; the message whole when
+    it holds none of those. An exception about reaching a service (OSError, the database's and
+    the broker's connection errors) keeps its message, cut to `limit`."""
+    if text is None:
+        return None
+    if isinstance(text, BaseException) and _is_connectivity(text):
+        return clip(text, limit)
+    text = " ".join(str(text).split())
+    found = _CONTENT_START.search(text)
+    if found is None and len(text) <= limit:
+        return text
+    prefix = text[:found.start() if found else limit][:limit].rstrip()
+    digest = hmac.new(_DIGEST_KEY, text.encode("utf-8", "replace"), hashlib.sha256).hexdigest()[:8]
+    return f"{prefix}... ({len(text)} chars, #{digest})"
+
+
+def clip(text: Any, limit: int = PREVIEW_CHARS) -> str | None:
+    """`text` cut to `limit` characters (with the full length noted): for text that cannot hold a
+    document or a result (a service's answer, an address refused)."""
     if text is None:
         return None
     text = " ".join(str(text).split())
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} chars)"
+
+
+def _is_connectivity(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) or any(f"{c.__module__}.{c.__qualname__}" in _CONNECTIVITY
+                                           for c in type(exc).__mro__)
+
+
+def safe_traceback(exc_info) -> str:
+    """A traceback like logging's, each exception's message through `preview()`: frames (file,
+    line, code) are the program's, messages may quote what it was working on."""
+    _, exc, _ = exc_info
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ if exc.__cause__ is not None else (None if exc.__suppress_context__ else exc.__context__)
+    parts, earlier = [], None
+    for e in reversed(chain):  # the first cause first, as Python prints them
+        if earlier is not None:
+            parts.append("\nThe above exception was the direct cause of the following exception:\n\n"
+                         if e.__cause__ is earlier else
+                         "\nDuring handling of the above exception, another exception occurred:\n\n")
+        if e.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):\n" + "".join(traceback.format_tb(e.__traceback__)))
+        name = type(e).__qualname__ if type(e).__module__ == "builtins" else f"{type(e).__module__}.{type(e).__qualname__}"
+        message = preview(e, 200)
+        parts.append(f"{name}: {message}\n" if message else f"{name}\n")
+        earlier = e
+    return "".join(parts).rstrip("\n")
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
@@ -74,9 +145,7 @@ class JsonFormatter(logging.Formatter):
             if key not in out:
                 out[key] = _plain(value)
         if record.exc_info:
-            out["exc"] = _cut(self.formatException(record.exc_info))
-        elif record.exc_text:
-            out["exc"] = _cut(record.exc_text)
+            out["exc"] = _cut(safe_traceback(record.exc_info))
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
@@ -93,7 +162,7 @@ class TextFormatter(logging.Formatter):
         if extra:
             line = f"{line} {extra}"
         if record.exc_info:
-            line = f"{line}\n{_cut(self.formatException(record.exc_info))}"
+            line = f"{line}\n{_cut(safe_traceback(record.exc_info))}"
         return line
 
 

@@ -26,6 +26,7 @@ from structspec.api.ratelimit import RateLimiter, RateLimitMiddleware
 from structspec.api.schemas import SchemaController
 from structspec.api.services.doclen import DocumentLengthChecker
 from structspec.api.services.health import HealthService
+from structspec.api.services.probecache import ProbeCache
 from structspec.api.services.waiting import JobWaiter
 from structspec.config import Settings
 from structspec.db.session import make_engine, make_session_factory
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     publisher = make_celery(settings)
     limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)
+    auth_failures = RateLimiter(settings.auth_failures_per_minute, settings.auth_failure_burst,
+                                settings="auth_failures_per_minute, auth_failure_burst")
     doclen = DocumentLengthChecker(settings)  # loads the tokenizer at the first submission
     waiter = JobWaiter(engine, settings.database_url)  # what waiting requests sleep on
 
@@ -65,9 +68,10 @@ def create_app(settings: Settings | None = None) -> Litestar:
                         MetricsController, OpenAIController],
         state=State({"settings": settings, "engine": engine,
                      "session_factory": make_session_factory(engine), "health": health,
-                     "publisher": publisher, "rate_limiter": limiter, "doclen": doclen, "waiter": waiter}),
-        # Outermost first: the rate limit also meters requests with wrong keys (key guessing).
-        middleware=[RateLimitMiddleware(limiter), AUTH_MIDDLEWARE],
+                     "publisher": publisher, "rate_limiter": limiter, "auth_failures": auth_failures,
+                     "doclen": doclen, "waiter": waiter, "metrics_cache": ProbeCache()}),
+        # Outermost first: both meters answer before auth looks a key up (api/ratelimit.py).
+        middleware=[RateLimitMiddleware(limiter, auth_failures), AUTH_MIDDLEWARE],
         exception_handlers={Exception: handle_any_exception},
         before_request=check_request,  # NUL and lone surrogates: 400 before any handler parses the request
         plugins=[StrictStructSchemaPlugin()],

@@ -1,4 +1,5 @@
-"""/metrics: Prometheus text exposition, read from the database at scrape time.
+"""/metrics: Prometheus text exposition, read from the database at scrape time (the body cached
+for a second per process, api/services/probecache.py: a flood of scrapes reads it once a second).
 
 Open by default, with totals per strategy only: nothing in it names or identifies a tenant's
 schema. With STRUCTSPEC_METRICS_TOKEN set it needs `Authorization: Bearer <token>` (401
@@ -32,5 +33,7 @@ class MetricsController(Controller):
                 raise ApiError(401, "/metrics needs the operator's token (STRUCTSPEC_METRICS_TOKEN) as a Bearer",
                                [ErrorItem(path="Authorization", message="missing" if not given else "invalid",
                                           source="header")], headers={"www-authenticate": "Bearer"})
-        body = StatsService(state.session_factory, state.settings).metrics(per_schema=bool(token))
+        per_schema = bool(token)  # the token is checked above, on every scrape
+        body = state.metrics_cache.get(per_schema, lambda: StatsService(state.session_factory, state.settings)
+                                       .metrics(per_schema=per_schema))
         return Response(body, media_type=CONTENT_TYPE)

@@ -1,6 +1,7 @@
 """Operations the API, the CLI and the worker share, below all three.
 
 schemas.py   the schema registry: check, store, deduplicate and version schemas per tenant
+schemacheck.py  a schema's registration check in a child process, killed at its time limit
 strategy.py  a job's `strategy: auto` made concrete from its schema's statistics (pin, else selector)
 local.py     the same statistics for `structspec extract` without a server or worker
 keys.py      API keys: create, list, revoke (`structspec keys`), and a key's tenant (the API's auth)

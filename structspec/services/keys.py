@@ -26,6 +26,14 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+def bearer_key(authorization: str) -> str | None:
+    """The key an `Authorization` header value carries, as auth looks it up: `Bearer <key>`,
+    the scheme in any case, white space around either part stripped. None: not that form."""
+    scheme, _, key = authorization.strip().partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
 def create_key(session_factory: sessionmaker[Session], name: str, tenant: str) -> tuple[ApiKeyRecord, str]:
     """A new key for `tenant`: (its record, the key itself, which is not stored). ValueError
     naming the problem for an invalid tenant or name."""

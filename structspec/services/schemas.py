@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -183,70 +182,55 @@ def check_name(name: str) -> None:
 def check_usable(schema: dict[str, Any], settings: Settings | None = None) -> list[str]:
     """SchemaRejected unless the schema is valid JSON Schema that the grammar engine can enforce
     within the configured limits (shape: max_schema_depth, max_schema_nodes; grammar:
-    grammar_*); the warnings ("path [keyword]: what is not enforced") otherwise."""
-    # Imported here: structspec.grammar loads llguidance and jsonschema; the API must start fast.
-    from structspec.grammar import GrammarLimits, SchemaError, SchemaLimitExceeded, check_schema
-    from structspec.grammar.limits import check_shape
-    from structspec.grammar.productive import check_productive
+    grammar_*) and that allows some output; the warnings ("path [keyword]: what is not
+    enforced") otherwise. The shape is checked here; the rest (meta-schema, grammar compile,
+    productive check) in a child process killed after grammar_compile_timeout_s (0: no time
+    limit), which a crash of the grammar engine cannot take the API down with
+    (services/schemacheck.py says why)."""
+    from structspec.grammar import SchemaLimitExceeded
+    from structspec.grammar.limits import GrammarLimits, check_shape
+    from structspec.services.schemacheck import CheckCrashed, CheckTimeout, check_in_child
 
     settings = settings or Settings()
+    limit = settings.grammar_compile_timeout_s
     try:
         check_shape(schema, settings.max_schema_depth, settings.max_schema_nodes)
-        limits = GrammarLimits.from_settings(settings)
-        warnings = _bounded(lambda: check_schema(schema, limits), settings.grammar_compile_timeout_s)
         max_tokens = int(SPECS["max_tokens"].maximum)
-        check_productive(schema, max_chars=max_tokens * MAX_TOKEN_CHARS, max_tokens=max_tokens)
-        return [str(SchemaError([w])) for w in warnings]
+        answer = check_in_child(schema, asdict(GrammarLimits.from_settings(settings)),
+                                max_tokens * MAX_TOKEN_CHARS, max_tokens, limit)
     except SchemaLimitExceeded as e:
-        first = e.problems[0]
-        raise SchemaRejected(f"schema is over a limit ({e.setting}): {first.message}", [
-            Problem(path=p.path, keyword=p.keyword, message=p.message, source="schema") for p in e.problems
-        ]) from None
-    except CompileTimeout:
-        limit = settings.grammar_compile_timeout_s
+        raise _rejected(f"schema is over a limit ({e.setting}): {e.problems[0].message}",
+                        [p.as_dict() for p in e.problems]) from None
+    except RecursionError:
+        raise SchemaRejected("schema is not usable", [
+            Problem(message="schema is nested too deeply", source="schema")]) from None
+    except CheckTimeout:
+        log.warning("schema check stopped after %s s: its process was killed (grammar_compile_timeout_s)", limit)
         message = (f"checking and compiling the schema's grammar took longer than {limit} s "
                    f"(setting grammar_compile_timeout_s)")
         raise SchemaRejected(f"schema is over a limit (grammar_compile_timeout_s): {message}", [
             Problem(message=message, source="schema")]) from None
-    except SchemaError as e:
+    except CheckCrashed as e:
+        log.warning("schema check crashed the grammar engine's process (%s); schema refused", e)
         raise SchemaRejected("schema is not usable", [
-            Problem(path=p.path, keyword=p.keyword, message=p.message, source="schema") for p in e.problems
-        ]) from None
-    except RecursionError:
-        raise SchemaRejected("schema is not usable", [
-            Problem(message="schema is nested too deeply", source="schema")]) from None
-    except Exception as e:  # a grammar-engine failure on this input is still the input's problem
-        log.exception("check_schema failed unexpectedly")
-        raise SchemaRejected("schema is not usable", [
-            Problem(message=f"the grammar engine could not compile it ({type(e).__name__})",
+            Problem(message=f"the grammar engine crashed on it ({e}); a long chain of $ref can do that",
                     source="schema")]) from None
+    if "warnings" in answer:
+        return answer["warnings"]
+    if "limit" in answer:
+        first = answer["problems"][0]["message"]
+        raise _rejected(f"schema is over a limit ({answer['limit']}): {first}", answer["problems"])
+    if "invalid" in answer:
+        raise _rejected("schema is not usable", answer["invalid"])
+    if "recursion" in answer:
+        raise SchemaRejected("schema is not usable", [
+            Problem(message="schema is nested too deeply", source="schema")])
+    log.error("check_schema failed unexpectedly (%s); the checker process printed its traceback",
+              answer.get("failed"))
+    raise SchemaRejected("schema is not usable", [
+        Problem(message=f"the grammar engine could not compile it ({answer.get('failed')})", source="schema")])
 
 
-class CompileTimeout(Exception):
-    """The schema check did not finish within grammar_compile_timeout_s."""
-
-
-def _bounded(fn, timeout_s: float):
-    """fn() run on its own thread, waited for at most `timeout_s` seconds (0: no bound); raises
-    CompileTimeout after that. llguidance releases the GIL while it compiles, so the wait is
-    honoured; the abandoned thread finishes in the background, its work capped by the grammar
-    engine's fuel limits (grammar_*)."""
-    if not timeout_s or timeout_s <= 0:
-        return fn()
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            box["error"] = e
-
-    thread = threading.Thread(target=run, name="schema-check", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        log.warning("schema check still running after %s s; refused (grammar_compile_timeout_s)", timeout_s)
-        raise CompileTimeout()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+def _rejected(detail: str, problems: list[dict]) -> SchemaRejected:
+    return SchemaRejected(detail, [Problem(path=p["path"], keyword=p["keyword"], message=p["message"],
+                                           source="schema") for p in problems])

@@ -1,5 +1,8 @@
 """Which URLs a batch webhook may call: checked when the batch is submitted (the API) and again
-just before each delivery (the worker), since a host name may resolve elsewhere by then.
+at each delivery (the worker), since a host name may resolve elsewhere by then. At delivery the
+name is resolved once (`vetted_addresses`), every address it resolves to is checked, and the
+worker connects to one of those checked addresses, never resolving the name again: an answer
+that changes between the check and the connection (DNS rebinding) cannot lead it elsewhere.
 
 STRUCTSPEC_WEBHOOK_HOSTS lists host names and IP addresses, comma-separated; `*` allows any
 host whose addresses are all public. An address that is not public (loopback, private,
@@ -22,7 +25,7 @@ def allowed_hosts(setting: str) -> set[str]:
 
 def url_problem(url: str, hosts_setting: str) -> str | None:
     """Why `url` may not be a webhook under `hosts_setting` (None: it may), without DNS: a
-    host name is resolved at delivery (`address_problem`)."""
+    host name is resolved at delivery (`vetted_addresses`)."""
     allowed = allowed_hosts(hosts_setting)
     if not allowed:
         return "webhooks are off on this server (STRUCTSPEC_WEBHOOK_HOSTS names the hosts they may call)"
@@ -50,26 +53,42 @@ def url_problem(url: str, hosts_setting: str) -> str | None:
     return _address_refusal(address, host)
 
 
-def address_problem(url: str, hosts_setting: str) -> str | None:
-    """`url_problem`, and, for a host that is not listed but allowed by `*`, why one of the
-    addresses it resolves to now may not be called (None: every one may)."""
+def vetted_addresses(url: str, hosts_setting: str) -> tuple[list[str], str | None]:
+    """Resolve `url`'s host once and check every address: (the addresses, in the resolver's
+    order, None) when the POST may go to any of them, else ([], why not). The caller connects
+    only to these. A listed host name's addresses are not checked (the operator named it); under
+    `*` every address must be public or itself listed, so one private answer refuses the URL."""
     problem = url_problem(url, hosts_setting)
     if problem is not None:
-        return problem
+        return [], problem
     parts = urlsplit(url)
     host = parts.hostname.lower()
-    if host in allowed_hosts(hosts_setting):
-        return None
     try:
-        infos = socket.getaddrinfo(host, parts.port or (443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
-    except OSError as e:
-        return f"webhook host {host!r} does not resolve: {e}"
+        name = ascii_host(host)
+        infos = socket.getaddrinfo(name, parts.port or (443 if parts.scheme == "https" else 80),
+                                   type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as e:
+        return [], f"webhook host {host!r} does not resolve: {e}"
     listed = allowed_hosts(hosts_setting)
+    addresses: list[str] = []
     for info in infos:
         address = ipaddress.ip_address(info[4][0].split("%")[0])
-        if str(address) not in listed and (refusal := _address_refusal(address, host)):
-            return refusal
-    return None
+        if host not in listed and str(address) not in listed and (refusal := _address_refusal(address, host)):
+            return [], refusal
+        if str(address) not in addresses:
+            addresses.append(str(address))
+    if not addresses:
+        return [], f"webhook host {host!r} does not resolve: no address"
+    return addresses, None
+
+
+def ascii_host(host: str) -> str:
+    """A host name as DNS, TLS (SNI) and the Host header carry it: IDNA, ASCII."""
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        return host.encode("idna").decode("ascii")
 
 
 def _address_refusal(address: ipaddress.IPv4Address | ipaddress.IPv6Address, host: str) -> str | None:

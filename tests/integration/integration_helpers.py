@@ -36,9 +36,11 @@ def id_param(session, value: str):
 class Receiver:
     """An HTTP server on 127.0.0.1 that records each POST and answers with the next status."""
 
-    def __init__(self, statuses: list[int] | None = None, location: str | None = None, stall_s: float = 0):
+    def __init__(self, statuses: list[int] | None = None, location: str | None = None, stall_s: float = 0,
+                 tls=None):
         """`location`: sent as the Location header (with a 3xx status, a redirect); `stall_s`:
-        seconds to wait before answering (a receiver that does not answer in time)."""
+        seconds to wait before answering (a receiver that does not answer in time); `tls`: a
+        server-side ssl.SSLContext (https; `url` still names 127.0.0.1)."""
         self.posts: list[tuple[dict[str, str], bytes]] = []
         self.statuses = statuses or []
         receiver = self
@@ -60,7 +62,10 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        if tls is not None:
+            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}/hook"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):

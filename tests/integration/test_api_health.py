@@ -64,3 +64,58 @@ def test_embedded_broker_that_cannot_open_its_file_is_503(settings, tmp_path):
     r, _ = health(dataclasses.replace(settings, broker_url=f"sqla+sqlite:///{tmp_path / 'not-a-dir' / 'broker.db'}"))
     assert r.status_code == 503, r.text
     assert r.json()["broker"].startswith("error: ")
+
+
+# --- a flood of probes: what they read is cached for a second per process ----------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def count_statements(engine) -> list[str]:
+    """Every SQL statement `engine` sends from now on."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda conn, cursor, statement, *a: sent.append(statement))
+    return sent
+
+
+def test_a_flood_of_health_probes_checks_once_a_second_and_a_down_database_shows_after_it(client):
+    clock = Clock()
+    health = client.app.state.health
+    health.cache.clock = clock
+    sent = count_statements(client.app.state.engine)
+    assert client.get("/health").status_code == 200
+    one_check = len(sent)
+    assert one_check > 0
+    assert {client.get("/health").status_code for _ in range(50)} == {200}
+    assert len(sent) == one_check  # 50 probes within the second: no further query
+
+    def down():
+        raise RuntimeError("the database went away")
+
+    health._check_database = down
+    clock.now += 0.5
+    assert client.get("/health").status_code == 200  # the report of half a second ago
+    clock.now += 0.5  # a second after the last check: checked again
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["database"] == "error: the database went away", r.text
+
+
+def test_a_flood_of_scrapes_reads_the_metrics_once_a_second(client):
+    clock = Clock()
+    client.app.state.metrics_cache.clock = clock
+    sent = count_statements(client.app.state.engine)
+    first = client.get("/metrics")
+    assert first.status_code == 200
+    one_scrape = len(sent)
+    assert one_scrape > 0
+    assert all(client.get("/metrics").text == first.text for _ in range(50))
+    assert len(sent) == one_scrape
+    clock.now += 1.0
+    assert client.get("/metrics").status_code == 200 and len(sent) == 2 * one_scrape

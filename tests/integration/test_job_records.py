@@ -104,6 +104,8 @@ def test_batches_list_newest_first_with_counts_and_status(client, sessions, sche
 def test_metrics_count_the_backlog_and_the_age_of_its_oldest_job(client, sessions, schema_id):
     from prometheus_client.parser import text_string_to_metric_families
 
+    client.app.state.metrics_cache.ttl_s = 0  # every scrape reads afresh (the cache: test_api_health.py)
+
     def gauges() -> dict[tuple[str, str], float]:
         return {(s.name, s.labels["status"]): s.value
                 for family in text_string_to_metric_families(client.get("/metrics").text) for s in family.samples

@@ -78,8 +78,8 @@ def test_lifecycle_records_carry_job_and_schema_ids_and_no_document(client, sess
 
     crashed = submit(client, sid, strategy="schema", draft_len=4)
 
-    def crash(*_args, **_kw):  # a library error that quotes its input (the whole document)
-        raise RuntimeError(f"cannot handle {DOCUMENT!r}")
+    def crash(*_args, **_kw):  # a library error that quotes its input, the marker in its first words
+        raise RuntimeError(f"cannot handle {MARKER!r} in {DOCUMENT!r}")
 
     monkeypatch.setattr(tasks.PROCESS.loop(tasks.app.structspec_settings).engine, "submit", crash)
     assert tasks.run_jobs([crashed]) == {"claimed": 1, "stored": 1}
@@ -112,7 +112,8 @@ def test_lifecycle_records_carry_job_and_schema_ids_and_no_document(client, sess
     claimed = records(caplog, "claimed 2 of 3 job(s)")[0]
     assert claimed.job_ids == [ok, truncated] and claimed.skipped_ids == [cancelled]
 
-    # The crash's error (stored on the job) quotes the document; the log line only previews it.
+    # The crash's error (stored on the job) quotes the document; the log lines give its structural
+    # prefix, length and digest only.
     assert MARKER in client.get(f"/v1/extractions/{crashed}").json()["error"]
     assert caplog.records
     json_fmt, text_fmt = JsonFormatter(), TextFormatter()

@@ -52,9 +52,10 @@ def fuzz_app(settings) -> Iterator[object]:
 
     from structspec.api.app import create_app
 
-    # The rate limit off: hundreds of generated requests a second from one client would be
-    # answered 429 (documented on every /v1 operation), hiding what the handlers do.
-    app = create_app(replace(settings, rate_limit_per_minute=0))
+    # The rate limit and the failed-auth budget off: hundreds of generated requests a second from
+    # one client would be answered 429 (documented on every /v1 operation), hiding what the
+    # handlers do.
+    app = create_app(replace(settings, rate_limit_per_minute=0, auth_failures_per_minute=0))
     try:
         yield app
     finally:

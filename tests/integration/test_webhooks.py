@@ -195,3 +195,160 @@ def test_a_name_that_resolves_to_a_private_address_is_not_called(settings, sessi
         make_due(sessions, batch_id)
         assert deliver_webhooks(starred, sessions) == 0
         assert receiver.posts == [] and client.get(f"/v1/batches/{batch_id}").json()["webhook"]["attempts"] == 2
+
+
+# --- DNS: resolved once, every address checked, the connection made to a checked one ----------
+
+PUBLIC = "93.184.216.34"  # a global address; nothing is ever sent to it (see `network`)
+
+
+class Resolver:
+    """socket.getaddrinfo for test names: `answers[name]` lists the answer of each successive
+    lookup (the last repeats), each a list of addresses; other names resolve as usual."""
+
+    def __init__(self, real, answers: dict[str, list[list[str]]]):
+        self.real, self.answers, self.lookups = real, answers, {name: 0 for name in answers}
+
+    def __call__(self, host, port, *args, **kwargs):
+        if host not in self.answers:
+            return self.real(host, port, *args, **kwargs)
+        answers = self.answers[host]
+        addresses = answers[min(self.lookups[host], len(answers) - 1)]
+        self.lookups[host] += 1
+        return [info for a in addresses for info in self.real(a, port, *args, **kwargs)]
+
+
+@pytest.fixture
+def network(monkeypatch):
+    """Outgoing connections (socket.create_connection, which httpx uses) as a private network:
+    each connection's address is recorded; PUBLIC refuses; 10.1.2.3 is served by this machine's
+    127.0.0.1, so a POST to a 10.x receiver lands in a Receiver. Returns (install resolver, the
+    addresses connected to)."""
+    real_connect, connected = socket.create_connection, []
+
+    def connect(address, *args, **kwargs):
+        host, port = address[:2]
+        ip = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0]  # a name: the test's resolver
+        connected.append(ip)
+        if ip == PUBLIC:
+            raise ConnectionRefusedError(111, "Connection refused (the test's public address)")
+        return real_connect(("127.0.0.1" if ip == "10.1.2.3" else ip, port), *args, **kwargs)
+
+    monkeypatch.setattr(socket, "create_connection", connect)
+
+    def resolve(answers: dict[str, list[list[str]]]) -> Resolver:
+        resolver = Resolver(socket.getaddrinfo, answers)
+        monkeypatch.setattr(socket, "getaddrinfo", resolver)
+        return resolver
+
+    return resolve, connected
+
+
+@pytest.mark.parametrize("private", ["127.0.0.1", "10.1.2.3"])
+def test_a_name_that_rebinds_to_a_private_address_after_the_check_is_never_posted_to(
+        settings, sessions, receiver, network, private):
+    """DNS rebinding: the name answers a public address first and a private one from then on.
+    The worker resolves once per try and connects to the address it checked, so the private
+    answer is never connected to: the first try goes to the public address (refused here), the
+    second finds the private answer and is refused naming it."""
+    resolve, connected = network
+    resolver = resolve({"hooks.test": [[PUBLIC], [private]]})
+    starred = replace(settings, webhook_hosts="*")
+    with TestClient(create_app(starred), raise_server_exceptions=False) as client:
+        batch_id = new_batch(client, f"http://hooks.test:{receiver.port}/hook")
+        finish(sessions, batch_id)
+        assert deliver_webhooks(starred, sessions) == 0
+        assert receiver.posts == [] and connected == [PUBLIC] and resolver.lookups["hooks.test"] == 1
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        assert hook["error"].startswith("ConnectError") and f"connecting to {PUBLIC}" in hook["error"], hook
+        make_due(sessions, batch_id)
+        assert deliver_webhooks(starred, sessions) == 0
+        assert receiver.posts == [] and connected == [PUBLIC] and resolver.lookups["hooks.test"] == 2
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+        kind = "loopback" if private == "127.0.0.1" else "private"
+        assert f"'hooks.test' ({private}) is {kind}" in hook["error"] and hook["attempts"] == 2, hook
+
+
+def test_one_private_address_among_a_names_answers_refuses_the_url(settings, sessions, receiver, network):
+    resolve, connected = network
+    resolve({"hooks.test": [[PUBLIC, "10.1.2.3"]]})
+    starred = replace(settings, webhook_hosts="*")
+    with TestClient(create_app(starred), raise_server_exceptions=False) as client:
+        batch_id = new_batch(client, f"http://hooks.test:{receiver.port}/hook")
+        finish(sessions, batch_id)
+        assert deliver_webhooks(starred, sessions) == 0
+        hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+    assert "'hooks.test' (10.1.2.3) is private" in hook["error"] and connected == [] and receiver.posts == []
+
+
+def test_the_post_goes_to_the_resolved_address_with_the_urls_host_and_the_next_address_on_a_refusal(
+        settings, sessions, receiver, network):
+    """A listed name: its addresses are the operator's choice. The connection goes to what the
+    one lookup answered, in order (a refused connection sends nothing, so the next is tried),
+    with the URL's host in the Host header."""
+    resolve, connected = network
+    resolver = resolve({"hooks.test": [[PUBLIC, "10.1.2.3"]]})
+    listed = replace(settings, webhook_hosts="hooks.test")
+    with TestClient(create_app(listed), raise_server_exceptions=False) as client:
+        batch_id = new_batch(client, f"http://hooks.test:{receiver.port}/hook")
+        finish(sessions, batch_id)
+        assert deliver_webhooks(listed, sessions) == 1
+    assert connected == [PUBLIC, "10.1.2.3"] and resolver.lookups["hooks.test"] == 1
+    [(headers, _)] = receiver.posts
+    assert headers["host"] == f"hooks.test:{receiver.port}"
+
+
+def make_certificate(tmp_path, name: str) -> tuple[str, str, str]:
+    """A CA and a certificate for `name` signed by it, made with the openssl command: (CA file,
+    certificate file, key file)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("the openssl command is not installed")
+
+    def run(*args):
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "2",
+        "-subj", "/CN=structspec test CA")
+    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "host.key", "-out", "host.csr", "-subj", f"/CN={name}")
+    (tmp_path / "ext.cnf").write_text(f"subjectAltName=DNS:{name}\n")
+    run("x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "host.pem", "-days", "2", "-extfile", "ext.cnf")
+    return str(tmp_path / "ca.pem"), str(tmp_path / "host.pem"), str(tmp_path / "host.key")
+
+
+@pytest.mark.parametrize("certified", ["hooks.test", "other.test"])
+def test_https_to_the_resolved_address_checks_the_certificate_against_the_urls_host(
+        settings, sessions, network, monkeypatch, tmp_path, certified):
+    """TLS over the pinned connection: SNI and the certificate check name the URL's host, not the
+    address: a certificate for it is accepted, one for another name refused."""
+    import ssl
+
+    ca, cert, key = make_certificate(tmp_path, certified)
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(cert, key)
+    names = []
+    server.sni_callback = lambda sock, name, ctx: names.append(name)
+    monkeypatch.setattr(webhooks, "TLS_VERIFY", ssl.create_default_context(cafile=ca))
+    resolve, connected = network
+    resolve({"hooks.test": [["127.0.0.1"]]})
+    listed = replace(settings, webhook_hosts="hooks.test")
+    secure = Receiver(tls=server)
+    try:
+        with TestClient(create_app(listed), raise_server_exceptions=False) as client:
+            batch_id = new_batch(client, f"https://hooks.test:{secure.port}/hook")
+            finish(sessions, batch_id)
+            delivered = deliver_webhooks(listed, sessions)
+            hook = client.get(f"/v1/batches/{batch_id}").json()["webhook"]
+    finally:
+        secure.close()
+    assert connected == ["127.0.0.1"] and names == ["hooks.test"]
+    if certified == "hooks.test":
+        assert delivered == 1 and hook["error"] is None
+        [(headers, _)] = secure.posts
+        assert headers["host"] == f"hooks.test:{secure.port}"
+    else:
+        assert delivered == 0 and secure.posts == []
+        assert hook["error"].startswith("ConnectError") and "CERTIFICATE_VERIFY_FAILED" in hook["error"], hook

@@ -1,4 +1,5 @@
-"""Readiness of the database and the broker, each check bounded in time."""
+"""Readiness of the database and the broker, each check bounded in time, the answer cached for
+a second per process (probecache.py): a flood of probes costs one check a second."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from structspec.api.errors import ErrorItem, one_line
+from structspec.api.services.probecache import ProbeCache
 from structspec.api.structs import HealthFailure, HealthReport
 from structspec.db.session import ensure_sqlite_dir
 
@@ -16,16 +18,22 @@ log = logging.getLogger(__name__)
 
 
 class HealthService:
-    def __init__(self, engine: Engine, broker_url: str, *, timeout: float = 3.0):
+    def __init__(self, engine: Engine, broker_url: str, *, timeout: float = 3.0, cache: ProbeCache | None = None):
         self.engine = engine
         self.broker_url = broker_url
         self.timeout = timeout
+        self.cache = cache or ProbeCache()
         # A hung check keeps its thread, so this pool is private to health checks; the
         # checks themselves carry their own connect timeouts, so threads come back.
         self._pool = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="health")
         self._head: str | None = None
 
     def check(self) -> HealthReport | HealthFailure:
+        """The report of the last check, when it started less than `cache.ttl_s` ago; else a new
+        one (callers meanwhile wait for it): so at most `cache.ttl_s` plus `timeout` old."""
+        return self.cache.get("report", self.check_now)
+
+    def check_now(self) -> HealthReport | HealthFailure:
         """Run both checks concurrently; each gets at most `timeout` seconds."""
         futures = {"database": self._pool.submit(self._check_database),
                    "broker": self._pool.submit(check_broker, self.broker_url, self.timeout)}
