@@ -377,28 +377,78 @@ def test_batch_over_max_batch_size_is_413_naming_the_limit(stack):
 
 # --- cancel --------------------------------------------------------------------------------
 
-def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack):
-    docs = [{"document": f"filler {i}"} for i in range(40)]
-    batch = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id, "documents": docs}).json()
+# At least 1000 array items: the grammar lets no output end before about 2000 tokens (a digit and a
+# comma per item), over 10 s for the tiny model on a CPU (about 150 tokens a second per job
+# here); sampled (temperature 1), so the loop guard does not end it early. A cancel reaches the
+# engine within a lease-keeper round (1 s here), so a job of this batch ends `cancelled` in the
+# engine, long before it could finish.
+SLOW_SCHEMA = {"type": "object", "properties": {"digits": {"type": "array", "minItems": 1000,
+                                                           "items": {"type": "integer", "minimum": 0, "maximum": 9}}},
+               "required": ["digits"]}
+
+
+def worker_lines(stack: Stack, message: str) -> list[dict[str, str]]:
+    """The worker log's lines (text format) with `message`, each as its key=value fields."""
+    lines = [line.split(message, 1)[1] for line in stack.worker.log.read_text().splitlines() if message in line]
+    return [{k: v.strip('"') for k, v in re.findall(r'(\w+)=("[^"]*"|\S+)', rest)} for rest in lines]
+
+
+def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack, monkeypatch):
+    """A queued job cancelled: the worker reaches its message and skips it (claims none of it,
+    starts nothing). A batch cancelled while its jobs decode: the worker's lease keeper sees the
+    cancel and the engine stops them mid-output, nothing is stored, and the worker goes on to
+    the next job. Cancelling a finished job is a 409; an unknown one a 404."""
+    import worker.app
+    from worker.app import enqueue, make_celery
+
+    # The queued job's message goes out only after the cancel, so the worker's claim must find it
+    # cancelled (with the API's own publish the worker could win the race and run it).
+    monkeypatch.setattr(worker.app, "enqueue", lambda *a, **k: None)
     job_id = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "late"}).json()["id"]
-    cancelled = stack.client.post(f"/v1/extractions/{job_id}/cancel")  # queued behind the batch
+    monkeypatch.undo()
+    cancelled = stack.client.post(f"/v1/extractions/{job_id}/cancel")
     assert cancelled.status_code == 200, cancelled.text
     assert cancelled.json()["status"] == "cancelled" and cancelled.json()["result"] is None
-
-    b = stack.client.post(f"/v1/batches/{batch['id']}/cancel")
-    assert b.status_code == 200 and b.json()["counts"]["cancelled"] > 0, b.text
-    done = stack.wait_batch(batch["id"])
-    assert done["status"] == "cancelled"
-    assert done["counts"]["cancelled"] + done["counts"]["succeeded"] == 40
-    results = stack.results(batch["id"])
-    assert {x["status"] for x in results} <= {"succeeded", "cancelled"} and len(results) == 40
-
-    time.sleep(1.0)  # the worker reaches the cancelled job's message and must skip it
-    job = stack.client.get(f"/v1/extractions/{job_id}").json()
-    assert job["status"] == "cancelled"
+    enqueue(make_celery(stack.settings), [uuid.UUID(job_id)])
+    poll(lambda: any(x["skipped_ids"] == job_id for x in worker_lines(stack, "claimed 0 of 1 job(s)")),
+         timeout=JOB_TIMEOUT, what="the worker skipping the cancelled job's message", worker=stack.worker)
+    [(status, attempts, completions, started_at)] = stack.rows(
+        "SELECT status, attempts, completions, started_at FROM jobs WHERE id = :id", id=_key(stack, job_id))
+    assert (status, attempts, completions, started_at) == ("cancelled", 0, 0, None)  # never claimed, never started
+    assert not [x for x in worker_lines(stack, "job started") if x["job_id"] == job_id]
     assert assert_error(stack.client.post(f"/v1/extractions/{job_id}/cancel"), 409)["detail"]
+
+    # A batch whose 3 jobs are all in the engine, decoding, when it is cancelled.
+    slow = stack.client.post("/v1/schemas", json={"name": "slow", "schema": SLOW_SCHEMA}).json()["id"]
+    r = stack.client.post("/v1/batches", json={"schema_id": slow, "options": {"temperature": 1.0, "seed": 1,
+                                                                              "max_tokens": 8000},
+                                               "documents": [{"document": f"slow {i}"} for i in range(3)]})
+    assert r.status_code == 202, r.text
+    batch_id, key = r.json()["id"], _key(stack, r.json()["id"])
+    poll(lambda: stack.rows("SELECT count(*) FROM jobs WHERE batch_id = :b AND status = 'running' "
+                            "AND started_at IS NOT NULL", b=key)[0][0] == 3,
+         timeout=JOB_TIMEOUT, interval=0.05, what="the batch's 3 jobs in the engine", worker=stack.worker)
+    b = stack.client.post(f"/v1/batches/{batch_id}/cancel")
+    assert b.status_code == 200 and b.json()["counts"]["cancelled"] == 3, b.text
+    done = stack.wait_batch(batch_id)
+    assert done["status"] == "cancelled" and done["counts"]["cancelled"] == 3, done
+    ids = {str(uuid.UUID(str(i))) for (i,) in stack.rows("SELECT id FROM jobs WHERE batch_id = :b", b=key)}
+
+    def stopped() -> list[dict[str, str]]:
+        return [x for x in worker_lines(stack, "job finished but not stored") if x["job_id"] in ids]
+
+    lines = poll(lambda: len(s := stopped()) == 3 and s, timeout=JOB_TIMEOUT,
+                 what="the worker giving up the batch's 3 cancelled jobs", worker=stack.worker)
+    for line in lines:  # the engine stopped each mid-output (a job that ran to its end says `grammar`)
+        assert line["stop_reason"] == "cancelled", line
+    rows = stack.rows("SELECT status, completions, attempts FROM jobs WHERE batch_id = :b", b=key)
+    assert rows == [("cancelled", 0, 1)] * 3, rows  # claimed and started once, no result stored
+    results = stack.results(batch_id)
+    assert [(x["status"], x.get("result")) for x in results] == [("cancelled", None)] * 3, results
+
+    # the worker goes on: the next job runs and succeeds; a finished job cannot be cancelled
     finished = stack.client.post("/v1/extractions?wait=30", json={"schema_id": stack.schema_id, "document": "d"})
-    assert finished.status_code == 200
+    assert finished.status_code == 200 and finished.json()["status"] == "succeeded", finished.text
     err = assert_error(stack.client.post(f"/v1/extractions/{finished.json()['id']}/cancel"), 409)
     assert "succeeded" in err["detail"]
     assert_error(stack.client.post(f"/v1/extractions/{uuid.uuid4()}/cancel"), 404)

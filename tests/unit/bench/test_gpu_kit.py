@@ -7,10 +7,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -145,17 +149,80 @@ def test_an_unknown_stage_is_refused_naming_the_stages(tmp_path):
         gpu.check("cpu", tmp_path, gpu.default_model_dir(), None, small=True, stages={"warp-drive"})
 
 
-def test_each_calls_stage_estimates_fit_inside_its_deadline_and_the_device_limit():
-    """The plan's arithmetic (docs/gpu.md, "Time"): the H200 seconds of each call's stages sum
-    to under the 520 s deadline, itself under the device tool's 600 s per command less a minute
-    for staging the files; and both calls, each with a machine start, fit a task's 15 device
-    minutes."""
-    assert set(gpu.STAGE_ESTIMATE_S) == set(gpu.STAGES)
-    calls = (gpu.FIRST_CALL_STAGES, gpu.LAST_CALL_STAGES)
-    for stages in calls:
-        assert sum(gpu.STAGE_ESTIMATE_S[s] for s in stages) <= gpu.DEADLINE_S <= 540, stages
-    total = sum(gpu.MACHINE_START_S + sum(gpu.STAGE_ESTIMATE_S[s] for s in stages) for stages in calls)
+DEVICE_COMMAND_S = 600  # the device tool's limit on one command (PLAN.md asks each call for timeout_s 600)
+
+
+def planned_checks(tmp_path: Path, monkeypatch) -> list[SimpleNamespace]:
+    """Each call's `check` as the plan's own commands start it: the commands stage_command writes
+    for the bundle's two calls (the first carries the wheels, the last assembles the model), each
+    `structspec.bench.gpu check` in them parsed by gpu.main as on the device, with `check` itself
+    stubbed: the device, stages and deadline each call's check gets."""
+    runs = []
+
+    def stub(device, out, tokenizer, gguf, small, stages, deadline_s):
+        runs.append(SimpleNamespace(device=device, stages=stages, deadline_s=deadline_s))
+        (out / "gpu-check.md").write_text("")
+        return SimpleNamespace(stages={})
+
+    monkeypatch.setattr(gpu, "check", stub)
+    monkeypatch.setenv("OUT", str(tmp_path))
+    calls = [gpu.stage_command(".gpu", "model.gguf.part00", True, False),
+             gpu.stage_command(".gpu", "model.gguf.part01", False, True, "0" * 64)]
+    for i, command in enumerate(calls):
+        [invocation] = re.findall(r"python3 -m structspec\.bench\.gpu (check [^|]*)\|", command)
+        assert gpu.main([t for t in shlex.split(invocation) if not t.startswith("2>")]) == 0
+        assert len(runs) == i + 1, command
+    return runs
+
+
+def test_each_calls_stage_estimates_fit_inside_its_deadline_and_the_device_limit(tmp_path, monkeypatch):
+    """The plan's arithmetic (docs/gpu.md, "Time"), on what the calls' commands actually run: each
+    call's stages (from its command) sum to no more than the deadline its check gets (from
+    gpu.main's defaults), which with a machine start fits the device tool's 600 s per command;
+    every stage runs in exactly one call; and both calls, each with a start, fit a task's 15
+    device minutes."""
+    runs = planned_checks(tmp_path, monkeypatch)
+    assert [r.device for r in runs] == ["cuda", "cuda"]
+    assert sorted(name for r in runs for name in r.stages) == sorted(gpu.STAGES)
+    for r in runs:
+        assert 0 < r.deadline_s <= DEVICE_COMMAND_S - gpu.MACHINE_START_S, r
+        assert sum(gpu.STAGE_ESTIMATE_S[name] for name in r.stages) <= r.deadline_s, r
+    total = sum(gpu.MACHINE_START_S + sum(gpu.STAGE_ESTIMATE_S[name] for name in r.stages) for r in runs)
     assert total <= gpu.DEVICE_BUDGET_S, total
+
+
+def test_a_call_runs_the_stages_that_start_before_its_deadline_and_skips_the_rest(tmp_path, monkeypatch):
+    """Report's deadline on a simulated clock, each stage taking its estimated seconds: with the
+    deadline the plan gives each call, every stage of the call runs and the last ends before it;
+    with less (half the call's estimate, one second), the stages that would start after it are
+    skipped, each saying how to run it alone."""
+    runs = planned_checks(tmp_path, monkeypatch)
+    now = [0.0]
+    monkeypatch.setattr(gpu, "time", SimpleNamespace(monotonic=lambda: now[0], perf_counter=lambda: now[0],
+                                                     sleep=time.sleep))
+    monkeypatch.setattr(gpu, "report_markdown", lambda device, stages: "")
+
+    def take(name: str) -> dict:
+        now[0] += gpu.STAGE_ESTIMATE_S[name]
+        return {}
+
+    for r in runs:
+        names = [name for name in gpu.STAGES if name in r.stages]
+        estimate = sum(gpu.STAGE_ESTIMATE_S[name] for name in names)
+        for deadline in (r.deadline_s, estimate / 2, 1):
+            now[0] = 0.0
+            report = gpu.Report(tmp_path / "report", "cuda", deadline)
+            starts = {}
+            for name in names:
+                starts[name] = now[0]
+                report.stage(name, lambda name=name: take(name))
+            ran = [n for n in names if "skipped" not in report.stages[n]]
+            assert ran == [n for n in names if starts[n] <= deadline], (deadline, report.stages)
+            assert all(report.stages[n]["skipped"].endswith(f"--stages {n}") for n in names if n not in ran)
+            if deadline == r.deadline_s:
+                assert ran == names and now[0] <= deadline, (names, now[0], deadline)
+            else:
+                assert ran != names, (deadline, names)  # too little time: something is left, and said
 
 
 def test_a_stage_past_the_deadline_stops_its_loop_and_says_what_it_left(monkeypatch):
