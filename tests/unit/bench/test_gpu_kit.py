@@ -24,6 +24,13 @@ ROOT = Path(__file__).resolve().parents[3]
 MiB = gpu.MiB
 
 
+
+@pytest.fixture(autouse=True)
+def _kit_globals(monkeypatch):
+    """A Report sets the kit's module-wide deadline and report folder: each test gets them back."""
+    monkeypatch.setattr(gpu, "_deadline", gpu._deadline)
+    monkeypatch.setattr(gpu, "_report_dir", gpu._report_dir)
+
 def test_every_planned_call_fits_its_limit_and_the_first_carries_the_wheels():
     calls = gpu.plan_calls(tree=2 * MiB, wheels=21 * MiB, model=86 * MiB)
     assert sum(calls) == 86 * MiB and len(calls) == 2
