@@ -85,9 +85,12 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+FLAGS = {"timeout_s": "--timeout"}  # the options whose flag is not their name with dashes
+
+
 def flag_error(e: OptionError) -> CliError:
     """`e` naming the command-line flag rather than the option: `--draft-len must be ...`."""
-    flag, message = "--" + e.option.replace("_", "-"), str(e)
+    flag, message = FLAGS.get(e.option, "--" + e.option.replace("_", "-")), str(e)
     return CliError(flag + message[len(e.option):] if message.startswith(e.option + " ") else f"{flag}: {message}")
 
 
@@ -104,6 +107,8 @@ def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N",
                    help=option_help("max_tokens", "env STRUCTSPEC_MAX_TOKENS, default %(default)s"))
     p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
+    p.add_argument(FLAGS["timeout_s"], type=int, dest="timeout_s", metavar="S",
+                   help=option_help("timeout_s", f"env STRUCTSPEC_JOB_TIMEOUT_S, default {defaults.job_timeout_s}"))
 
 
 def cmd_extract(args) -> int:
@@ -124,8 +129,8 @@ def cmd_extract(args) -> int:
     settings = settings_from(args)
     try:
         opts = RequestOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
-                              seed=args.seed, max_tokens=args.max_tokens,
-                              verbatim=args.verbatim, chunking=args.chunking).with_defaults(settings).check()
+                              seed=args.seed, max_tokens=args.max_tokens, verbatim=args.verbatim,
+                              chunking=args.chunking, timeout_s=args.timeout_s).with_defaults(settings).check()
     except OptionError as e:
         raise flag_error(e) from None
     local = open_local_stats(settings, schema, args.schema) if opts.strategy == AUTO else None
@@ -564,6 +569,7 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings, schema_requi
     p.add_argument("--max-tokens", type=int, metavar="N", help=option_help("max_tokens", server))
     p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
     p.add_argument("--chunking", choices=SPECS["chunking"].choices, help=option_help("chunking", server))
+    p.add_argument(FLAGS["timeout_s"], type=int, dest="timeout_s", metavar="S", help=option_help("timeout_s", server))
 
 
 def cmd_conformance(args) -> int:
