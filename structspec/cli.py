@@ -192,7 +192,7 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
     pending = deque((i, path, doc.text, messages, None) for i, (path, doc, messages) in enumerate(documents))
     ready: dict[int, tuple[str, object, str | None]] = {}  # input index -> (path, result or error, selected_by)
     index_of: dict[str, tuple[int, str, str | None, int | None]] = {}  # request id -> (index, path, selected_by, chunk)
-    chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}}
+    chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}, "deadline": t}
     printed = failed = 0
     while pending or engine.has_work():
         while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
@@ -203,14 +203,16 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
                 run = opts.replace(strategy=choice.strategy, draft_len=choice.draft_len)
             acceptance = (local.acceptance(run.strategy, run.draft_len, verbatim)
                           if local is not None and run.strategy != "none" and run.draft_len else None)
-            request = Request(schema, text, run, acceptance=acceptance, messages=messages)
+            # a chunk runs within its document's time, which began when the document was first submitted
+            deadline = chunked[i]["deadline"] if chunk is not None else None
+            request = Request(schema, text, run, acceptance=acceptance, messages=messages, deadline=deadline)
             try:
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
                 if isinstance(e, DocumentTooLong) and chunking == "auto" and messages is None and chunk is None:
                     ranges = _chunks_of(engine, schema, text, run.max_tokens, path)
                     if isinstance(ranges, list):
-                        chunked[i] = {"offsets": [s for s, _ in ranges], "results": {}}
+                        chunked[i] = {"offsets": [s for s, _ in ranges], "results": {}, "deadline": request.deadline}
                         pending.extendleft(reversed([(i, path, text[s:t], None, k)
                                                      for k, (s, t) in enumerate(ranges)]))
                         continue
