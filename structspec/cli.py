@@ -12,6 +12,7 @@ from pathlib import Path
 
 from structspec.config import Settings, SettingsError
 from structspec.options import AUTO, JOB_STRATEGIES, OPTION_NAMES, SPECS, OptionError, RequestOptions
+from worker.watchdog import EXIT_ENGINE_HUNG
 
 
 class CliError(Exception):
@@ -799,7 +800,9 @@ def add_worker_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("worker", help="run an extraction worker (Celery) on STRUCTSPEC_BROKER_URL",
                        description="Consume extraction jobs from the broker, load the model once per process, "
                                    "store results in STRUCTSPEC_DATABASE_URL. Also re-queues jobs whose worker "
-                                   "died (lease expired), at start and every job_lease_s/2 seconds.")
+                                   "died (lease expired), at start and every job_lease_s/2 seconds. Exits with "
+                                   f"status {EXIT_ENGINE_HUNG} when its engine makes no progress for STRUCTSPEC_ENGINE_WATCHDOG_S "
+                                   "seconds while it holds work (a supervisor restarts it; its jobs run again).")
     p.add_argument("--pool", choices=("threads", "prefork"), default="threads",
                    help="threads: one process whose task threads feed one engine (default); prefork: "
                         "--concurrency processes, each with an engine fed one message at a time (CPU only)")
