@@ -536,12 +536,14 @@ def engine_hung(settings: Settings, reason: str) -> None:
     EXIT_ENGINE_HUNG for its supervisor. os._exit, since the task threads blocked on the engine's
     answers (and Celery's shutdown, which would wait for them) must not keep it alive."""
     LeaseKeeper.halt()
-    log.critical("engine watchdog: %s (STRUCTSPEC_ENGINE_WATCHDOG_S=%d); this worker no longer renews its leases "
-                 "(its jobs run again once they run out) and exits with status %d for its supervisor to restart it",
-                 reason, settings.engine_watchdog_s, EXIT_ENGINE_HUNG)
-    for handler in logging.getLogger().handlers:
-        handler.flush()
-    os._exit(EXIT_ENGINE_HUNG)
+    try:
+        log.critical("engine watchdog: %s (STRUCTSPEC_ENGINE_WATCHDOG_S=%d); this worker no longer renews its "
+                     "leases (its jobs run again once they run out) and exits with status %d for its supervisor to "
+                     "restart it", reason, settings.engine_watchdog_s, EXIT_ENGINE_HUNG)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    finally:  # a log stream that fails must not keep the process alive
+        os._exit(EXIT_ENGINE_HUNG)
 
 
 # --- reaper: every job ends ------------------------------------------------------------------

@@ -134,6 +134,7 @@ def test_a_halted_lease_keeper_renews_no_more(monkeypatch):
 
 
 def test_engine_hung_stops_renewal_says_why_and_exits_with_its_own_status(monkeypatch, caplog):
+    monkeypatch.setattr(logging.getLogger(), "handlers", [caplog.handler])  # not those earlier tests left behind
     monkeypatch.setattr(tasks.LeaseKeeper, "_halted", threading.Event())
     exits = []
     monkeypatch.setattr(os, "_exit", exits.append)
@@ -177,3 +178,23 @@ def test_the_watchdog_looks_every_tenth_of_its_limit_within_bounds(limit_s, inte
     watchdog._stop = Stop()
     watchdog._run()
     assert waits == [interval]
+
+
+def test_engine_hung_exits_even_when_the_log_cannot_be_written(monkeypatch):
+    class Broken(logging.Handler):
+        def emit(self, record):
+            raise OSError("the log's disk is gone")
+
+        def handleError(self, record):
+            raise OSError("the log's disk is gone")
+
+        def flush(self):
+            raise OSError("the log's disk is gone")
+
+    monkeypatch.setattr(tasks.LeaseKeeper, "_halted", threading.Event())
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [Broken()])
+    with pytest.raises(OSError):  # the real os._exit never returns; this one lets the error through
+        tasks.engine_hung(Settings(), "the engine loop's thread died")
+    assert exits == [EXIT_ENGINE_HUNG] and tasks.LeaseKeeper._halted.is_set()
