@@ -176,3 +176,16 @@ def test_job_options_do_not_enforce_bounds_the_service_checks():
 
     opts = msgspec.json.decode(b'{"draft_len": 999, "strategy": "psychic", "max_tokens": 0}', type=JobOptions)
     assert (opts.draft_len, opts.strategy, opts.max_tokens) == (999, "psychic", 0)
+
+
+def test_the_servers_time_limit_settings_are_refused_out_of_bounds_naming_the_variable():
+    from structspec.config import SettingsError
+
+    for env, message in [({"STRUCTSPEC_JOB_TIMEOUT_S": "0"}, "STRUCTSPEC_JOB_TIMEOUT_S must be between 1 and 86400, not 0"),
+                         ({"STRUCTSPEC_JOB_TIMEOUT_S": "86401"},
+                          "STRUCTSPEC_JOB_TIMEOUT_S must be between 1 and 86400, not 86401"),
+                         ({"STRUCTSPEC_ENGINE_WATCHDOG_S": "0"}, "STRUCTSPEC_ENGINE_WATCHDOG_S must be at least 1, not 0")]:
+        with pytest.raises(SettingsError) as e:
+            Settings.from_env(env)
+        assert str(e.value) == message
+    assert Settings.from_env({"STRUCTSPEC_JOB_TIMEOUT_S": "86400"}).job_timeout_s == 86400
