@@ -81,9 +81,11 @@ class FakeEngine:
 
     def __init__(self):
         self.held: dict[str, int] = {}
-        self.on_step = self.on_cancel = self.on_abort = None
+        self.on_step = self.on_cancel = self.on_abort = self.on_submit = None
 
     def submit(self, request: Request) -> str:
+        if self.on_submit:
+            self.on_submit()
         self.held[request.id] = 2
         return request.id
 
@@ -197,3 +199,13 @@ def test_hung_names_a_step_that_never_returns_and_never_an_idle_loop(fake):
         watchdog.stop()
     assert future.result(timeout=30).status == "succeeded"
     assert loop.hung(0.5) is None
+
+
+def test_a_thread_that_dies_taking_a_request_fails_that_request_too(fake):
+    """The request in hand is neither in the inbox nor held by the engine when the thread dies."""
+    from structspec.engine.loop import EngineLoopDown
+
+    engine, loop = fake
+    engine.on_submit = raise_(Broken("mid-submit"))
+    with pytest.raises(EngineLoopDown, match="thread died: Broken: mid-submit"):
+        loop.submit(request()).result(timeout=30)
