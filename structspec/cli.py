@@ -12,6 +12,7 @@ from pathlib import Path
 
 from structspec.config import Settings, SettingsError
 from structspec.options import AUTO, JOB_STRATEGIES, OPTION_NAMES, SPECS, OptionError, RequestOptions
+from worker.watchdog import EXIT_ENGINE_HUNG
 
 
 class CliError(Exception):
@@ -89,9 +90,12 @@ def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
 
+FLAGS = {"timeout_s": "--timeout"}  # the options whose flag is not their name with dashes
+
+
 def flag_error(e: OptionError) -> CliError:
     """`e` naming the command-line flag rather than the option: `--draft-len must be ...`."""
-    flag, message = "--" + e.option.replace("_", "-"), str(e)
+    flag, message = FLAGS.get(e.option, "--" + e.option.replace("_", "-")), str(e)
     return CliError(flag + message[len(e.option):] if message.startswith(e.option + " ") else f"{flag}: {message}")
 
 
@@ -108,6 +112,8 @@ def add_decode_args(p: argparse.ArgumentParser, defaults: Settings) -> None:
     p.add_argument("--max-tokens", type=int, default=defaults.max_tokens, metavar="N",
                    help=option_help("max_tokens", "env STRUCTSPEC_MAX_TOKENS, default %(default)s"))
     p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
+    p.add_argument(FLAGS["timeout_s"], type=int, dest="timeout_s", metavar="S",
+                   help=option_help("timeout_s", f"env STRUCTSPEC_JOB_TIMEOUT_S, default {defaults.job_timeout_s}"))
 
 
 def cmd_extract(args) -> int:
@@ -128,8 +134,8 @@ def cmd_extract(args) -> int:
     settings = settings_from(args)
     try:
         opts = RequestOptions(strategy=args.strategy, draft_len=args.draft_len, temperature=args.temperature,
-                              seed=args.seed, max_tokens=args.max_tokens,
-                              verbatim=args.verbatim, chunking=args.chunking).with_defaults(settings).check()
+                              seed=args.seed, max_tokens=args.max_tokens, verbatim=args.verbatim,
+                              chunking=args.chunking, timeout_s=args.timeout_s).with_defaults(settings).check()
     except OptionError as e:
         raise flag_error(e) from None
     local = open_local_stats(settings, schema, args.schema) if opts.strategy == AUTO else None
@@ -191,7 +197,7 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
     pending = deque((i, path, doc.text, messages, None) for i, (path, doc, messages) in enumerate(documents))
     ready: dict[int, tuple[str, object, str | None]] = {}  # input index -> (path, result or error, selected_by)
     index_of: dict[str, tuple[int, str, str | None, int | None]] = {}  # request id -> (index, path, selected_by, chunk)
-    chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}}
+    chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}, "deadline": t}
     printed = failed = 0
     while pending or engine.has_work():
         while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
@@ -202,14 +208,16 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
                 run = opts.replace(strategy=choice.strategy, draft_len=choice.draft_len)
             acceptance = (local.acceptance(run.strategy, run.draft_len, verbatim)
                           if local is not None and run.strategy != "none" and run.draft_len else None)
-            request = Request(schema, text, run, acceptance=acceptance, messages=messages)
+            # a chunk runs within its document's time, which began when the document was first submitted
+            deadline = chunked[i]["deadline"] if chunk is not None else None
+            request = Request(schema, text, run, acceptance=acceptance, messages=messages, deadline=deadline)
             try:
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only
                 if isinstance(e, DocumentTooLong) and chunking == "auto" and messages is None and chunk is None:
                     ranges = _chunks_of(engine, schema, text, run.max_tokens, path)
                     if isinstance(ranges, list):
-                        chunked[i] = {"offsets": [s for s, _ in ranges], "results": {}}
+                        chunked[i] = {"offsets": [s for s, _ in ranges], "results": {}, "deadline": request.deadline}
                         pending.extendleft(reversed([(i, path, text[s:t], None, k)
                                                      for k, (s, t) in enumerate(ranges)]))
                         continue
@@ -613,6 +621,7 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings, schema_requi
     p.add_argument("--max-tokens", type=int, metavar="N", help=option_help("max_tokens", server))
     p.add_argument("--verbatim", action="store_true", help=option_help("verbatim"))
     p.add_argument("--chunking", choices=SPECS["chunking"].choices, help=option_help("chunking", server))
+    p.add_argument(FLAGS["timeout_s"], type=int, dest="timeout_s", metavar="S", help=option_help("timeout_s", server))
 
 
 def cmd_conformance(args) -> int:
@@ -840,7 +849,9 @@ def add_worker_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("worker", help="run an extraction worker (Celery) on STRUCTSPEC_BROKER_URL",
                        description="Consume extraction jobs from the broker, load the model once per process, "
                                    "store results in STRUCTSPEC_DATABASE_URL. Also re-queues jobs whose worker "
-                                   "died (lease expired), at start and every job_lease_s/2 seconds.")
+                                   "died (lease expired), at start and every job_lease_s/2 seconds. Exits with "
+                                   f"status {EXIT_ENGINE_HUNG} when its engine makes no progress for STRUCTSPEC_ENGINE_WATCHDOG_S "
+                                   "seconds while it holds work (a supervisor restarts it; its jobs run again).")
     p.add_argument("--pool", choices=("threads", "prefork"), default="threads",
                    help="threads: one process whose task threads feed one engine (default); prefork: "
                         "--concurrency processes, each with an engine fed one message at a time (CPU only)")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from structspec.grammar.base import DEFAULT_WHITESPACE, WHITESPACE_MODES
+from structspec.options import SPECS
 
 
 def _default_data_dir() -> Path:
@@ -158,9 +159,12 @@ class Settings:
     stats_seed: int = 0  # mixed with the job id: a job's choice is reproducible
 
     def __post_init__(self) -> None:
-        for name in ("job_max_attempts", "job_lease_s"):
+        for name in ("job_max_attempts", "job_lease_s", "engine_watchdog_s"):
             if getattr(self, name) < 1:
                 raise SettingsError(f"STRUCTSPEC_{name.upper()} must be at least 1, not {getattr(self, name)}")
+        low, high = int(SPECS["timeout_s"].minimum), int(SPECS["timeout_s"].maximum)
+        if not low <= self.job_timeout_s <= high:  # the jobs' default: what options.timeout_s may be
+            raise SettingsError(f"STRUCTSPEC_JOB_TIMEOUT_S must be between {low} and {high}, not {self.job_timeout_s}")
         if self.json_whitespace not in WHITESPACE_MODES:
             raise SettingsError(f"STRUCTSPEC_JSON_WHITESPACE must be one of {', '.join(WHITESPACE_MODES)}, "
                                 f"not {self.json_whitespace!r}")

@@ -47,6 +47,9 @@ SPECS: dict[str, OptionSpec] = {s.name: s for s in (
     OptionSpec("chunking", "off: a document longer than the model's context fails, saying so | auto: it is "
                            "extracted in overlapping chunks, decoded together, their results merged by the schema "
                            "(the stats say how many chunks)", choices=CHUNKING),
+    OptionSpec("timeout_s", "seconds the extraction may take, counted from when the engine takes it (waiting there "
+                            "for a place in the batch counts); past it the engine stops it and it fails naming this "
+                            "limit (default: the server's STRUCTSPEC_JOB_TIMEOUT_S)", minimum=1, maximum=86400),
 )}
 OPTION_NAMES: tuple[str, ...] = tuple(SPECS)
 
@@ -70,6 +73,7 @@ class RequestOptions:
     max_tokens: int | None = None
     verbatim: bool = False
     chunking: str = "off"
+    timeout_s: int | None = None
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> "RequestOptions":
@@ -87,21 +91,22 @@ class RequestOptions:
         return dataclasses.replace(self, **changes)
 
     def with_defaults(self, settings) -> "RequestOptions":
-        """Unset values from `settings` (a structspec.config.Settings): max_tokens, and draft_len
-        for a fixed strategy (under auto an unset draft_len means "the selector chooses k")."""
+        """Unset values from `settings` (a structspec.config.Settings): max_tokens, timeout_s, and
+        draft_len for a fixed strategy (under auto an unset draft_len means "the selector chooses k")."""
         draft_len = self.draft_len
         if draft_len is None and self.strategy != AUTO:
             draft_len = settings.draft_len
         return self.replace(draft_len=draft_len,
-                            max_tokens=settings.max_tokens if self.max_tokens is None else self.max_tokens)
+                            max_tokens=settings.max_tokens if self.max_tokens is None else self.max_tokens,
+                            timeout_s=settings.job_timeout_s if self.timeout_s is None else self.timeout_s)
 
     def check(self, concrete: bool = False) -> "RequestOptions":
         """Raise OptionError naming the first bad option; returns self. `concrete`: what the
-        engine runs, so no auto and no unset draft_len or max_tokens."""
+        engine runs, so no auto and no unset draft_len, max_tokens or timeout_s."""
         allowed = STRATEGIES if concrete else JOB_STRATEGIES
         if self.strategy not in allowed:
             raise OptionError("strategy", f"strategy must be one of {', '.join(allowed)}, not {self.strategy!r}")
-        for name in ("draft_len", "temperature", "max_tokens"):
+        for name in ("draft_len", "temperature", "max_tokens", "timeout_s"):
             value = getattr(self, name)
             if value is None:
                 if concrete:
@@ -115,6 +120,12 @@ class RequestOptions:
         if self.chunking not in CHUNKING:
             raise OptionError("chunking", f"chunking must be one of {', '.join(CHUNKING)}, not {self.chunking!r}")
         return self
+
+
+def timeout_error(limit_s: int) -> str:
+    """Why an extraction stopped at its time limit: the engine's result and the worker's job say so."""
+    return (f"the job ran longer than its limit of {limit_s} s (options.timeout_s; server default "
+            "STRUCTSPEC_JOB_TIMEOUT_S)")
 
 
 def _check_number(spec: OptionSpec, value) -> None:

@@ -8,6 +8,11 @@ one batch; each task stores its jobs' outcomes as they finish and is acked after
 cancelled or held by a live lease is skipped, so redelivered or duplicated messages are
 harmless. Claim, start and store retry through transient database errors (db/retry.py).
 
+Time limits: the engine ends a job at its options' timeout_s (a step boundary), and a task waits
+for each job at most that long plus STRUCTSPEC_ENGINE_WATCHDOG_S before failing it itself
+(finish_jobs). The engine watchdog (worker/watchdog.py) ends a process whose engine loop holds
+work and makes no progress: its leases are no longer renewed, and it exits for its supervisor.
+
 The reaper (every worker runs one) is what guarantees that every job ends:
   - a job whose lease ran out (its worker died) is re-queued and published again, or failed
     once it has had STRUCTSPEC_JOB_MAX_ATTEMPTS attempts;
@@ -28,7 +33,7 @@ import time
 import traceback
 import uuid
 from contextlib import contextmanager
-from concurrent.futures import Future, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -44,11 +49,12 @@ from structspec.db.repositories import SchemaRepository
 from structspec.db.session import make_engine, make_session_factory
 from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
-from structspec.options import AUTO, OptionError, RequestOptions
+from structspec.options import AUTO, OptionError, RequestOptions, timeout_error
 from structspec.services.strategy import InFlight, acceptance_curve, concrete_options
 from worker.app import RUN_JOBS, app, enqueue, enqueue_reads, queue_depth, report_engine_busy
 from worker.progress import PROGRESS, Pieces
 from worker.retention import PURGE_EVERY_S, purge_expired
+from worker.watchdog import EXIT_ENGINE_HUNG, Watchdog
 from worker.webhooks import deliver_webhooks
 
 log = logging.getLogger("structspec.worker")
@@ -115,6 +121,7 @@ class _Process:
                     self._engine = self._loop.engine
                 loop = self._loop
                 report_engine_busy(lambda: loop.busy)  # the embedded broker polls less while it runs
+                Watchdog(loop, settings.engine_watchdog_s, lambda reason: engine_hung(settings, reason)).start()
             return self._loop
 
     def submissions(self, settings: Settings):
@@ -271,7 +278,10 @@ def submit_jobs(sessions, settings: Settings, job_ids: list[uuid.UUID], token: s
             continue
         if isinstance(started, Started):
             future = loop.submit(started.request)
-            keeper.watch(job_id, lambda rid=started.request.id: loop.cancel(rid))
+            started.stop = lambda rid=started.request.id: loop.cancel(rid)
+            keeper.watch(job_id, started.stop)
+            started.answer_by = (time.monotonic() + started.request.options.with_defaults(settings).timeout_s
+                                 + settings.engine_watchdog_s)
             running[future] = started
         else:
             stored += started
@@ -279,8 +289,36 @@ def submit_jobs(sessions, settings: Settings, job_ids: list[uuid.UUID], token: s
 
 
 def finish_jobs(sessions, settings: Settings, running: dict[Future, "Started"], token: str) -> int:
-    """Store each job's outcome as it finishes; returns how many were stored."""
-    return sum(finish_job(sessions, settings, running[f], f, token) for f in as_completed(running))
+    """Store each job's outcome as it finishes; returns how many were stored. Each wait is
+    bounded (Started.answer_by): a job the engine has not answered by then is stopped there and
+    failed with its time limit's error (the engine ends a job at its limit, and a hung engine's
+    watchdog acts sooner, so only a request the engine lost gets here)."""
+    stored, pending = 0, dict(running)
+    while pending:
+        now = time.monotonic()
+        for future in [f for f, job in pending.items() if job.answer_by <= now and not f.done()]:
+            job = pending.pop(future)
+            job.stop()
+            stored += finish_job(sessions, settings, job, overdue(job, settings), token)
+        if pending:
+            first = min(job.answer_by for job in pending.values())
+            done, _ = wait(pending, timeout=max(first - now, 0.0), return_when=FIRST_COMPLETED)
+            for future in done:
+                stored += finish_job(sessions, settings, pending.pop(future), future, token)
+    return stored
+
+
+class Overdue(Exception):
+    """A job the engine did not answer within its time limit plus STRUCTSPEC_ENGINE_WATCHDOG_S."""
+
+
+def overdue(job: "Started", settings: Settings) -> Future:
+    """The failed answer finish_jobs stores for a job the engine never answered."""
+    limit = job.request.options.with_defaults(settings).timeout_s
+    answer: Future = Future()
+    answer.set_exception(Overdue(f"timeout: {timeout_error(limit)}; the engine had not stopped it "
+                                 f"{settings.engine_watchdog_s} s later (STRUCTSPEC_ENGINE_WATCHDOG_S)"))
+    return answer
 
 
 @dataclass
@@ -295,6 +333,10 @@ class Started:
     started: float
     in_flight: tuple[uuid.UUID, bool, str] | None  # the IN_FLIGHT entry of an auto job
     pieces: Pieces | None = None  # a chat job's output text (worker/progress.py)
+    # once handed to the engine (submit_jobs): when finish_jobs stops waiting for its answer
+    # (time.monotonic), and what stops it in the engine
+    answer_by: float = float("inf")
+    stop: Callable[[], None] = lambda: None
 
 
 def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> Started | int:
@@ -358,11 +400,13 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
 
 def finish_job(sessions, settings: Settings, job: Started, future: Future, token: str) -> int:
     """Store a job's outcome and its stats together; 1 if stored, 0 if cancelled, deleted or taken over
-    (or the database stayed unavailable: then the job runs again after its lease)."""
+    (or the database stayed unavailable, or the engine loop went down before it ended: then the
+    job runs again after its lease)."""
     outcome = outcome_of(future, job.fields)
     if job.pieces is not None:
         PROGRESS.forget(job.job_id)
-        outcome["partial"] = job.pieces.close()
+        if outcome is not None:
+            outcome["partial"] = job.pieces.close()
     duration_s = round(time.monotonic() - job.started, 4)
     tries = []
 
@@ -379,6 +423,10 @@ def finish_job(sessions, settings: Settings, job: Started, future: Future, token
             return ok
 
     try:
+        if outcome is None:  # not the job's doing; the watchdog ends this process (worker/watchdog.py)
+            log.error("the job did not end: %s; it runs again once its lease runs out", future.exception(),
+                      extra=job.fields)
+            return 0
         ok = retrying(store, what=f"storing job {job.job_id}", budget_s=settings.job_lease_s)
     except Exception as e:
         log.error("could not store the job's outcome; it runs again once its lease runs out: %s", preview(e),
@@ -405,14 +453,18 @@ def log_outcome(fields: dict[str, str], outcome: dict[str, Any], duration_s: flo
         log.warning("job failed", extra={**info, "error": preview(outcome.get("error"))})
 
 
-def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any]:
-    """The engine's answer as columns for JobRepository.store; never raises."""
+def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any] | None:
+    """The engine's answer as columns for JobRepository.store; None when the engine loop went
+    down before the job ended (it has no outcome). Never raises."""
+    from structspec.engine.loop import EngineLoopDown
     from structspec.engine.prompt import DocumentTooLong
     from structspec.grammar import SchemaError
 
     try:
         res = future.result()
-    except (SchemaError, DocumentTooLong, ValueError) as e:  # refused at submission (options, size, schema)
+    except EngineLoopDown:
+        return None
+    except (SchemaError, DocumentTooLong, ValueError, Overdue) as e:  # refused at submission, or never answered
         return {"status": "failed", "error": str(e)}
     except Exception as e:  # a bug or resource problem: fail the job visibly, keep the worker
         # The message may quote the document: a preview of it, and the stack without it.
@@ -431,7 +483,14 @@ def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any]:
 class LeaseKeeper:
     """Renews the leases held by `token` every lease/3 seconds from start() to stop(), so a long
     job is never mistaken for one whose worker died; a watched job that is no longer held
-    (cancelled or deleted through the API, or taken over) gets its callback, which stops it in the engine."""
+    (cancelled or deleted through the API, or taken over) gets its callback, which stops it in the engine.
+    Once `halt` is called (the engine watchdog: engine_hung) no keeper of the process renews again."""
+
+    _halted = threading.Event()  # for the whole process, never cleared
+
+    @classmethod
+    def halt(cls) -> None:
+        cls._halted.set()
 
     def __init__(self, sessions, token: str, lease_s: float):
         self.sessions, self.token, self.lease_s = sessions, token, lease_s
@@ -454,6 +513,8 @@ class LeaseKeeper:
 
     def _run(self) -> None:
         while not self._stop.wait(max(self.lease_s / 3, 0.5)):
+            if self._halted.is_set():
+                return
             try:
                 with self.sessions.begin() as session:
                     repo = JobRepository(session)
@@ -468,6 +529,22 @@ class LeaseKeeper:
                     del self._watched[j]
             for _, on_lost in lost:  # finished jobs are not held either: stopping those is a no-op
                 on_lost()
+
+
+def engine_hung(settings: Settings, reason: str) -> None:
+    """The engine watchdog's verdict (worker/watchdog.py): this process's leases are no longer
+    renewed, so its jobs go back to the queue once they run out, and the process exits with
+    EXIT_ENGINE_HUNG for its supervisor. os._exit, since the task threads blocked on the engine's
+    answers (and Celery's shutdown, which would wait for them) must not keep it alive."""
+    LeaseKeeper.halt()
+    try:
+        log.critical("engine watchdog: %s (STRUCTSPEC_ENGINE_WATCHDOG_S=%d); this worker no longer renews its "
+                     "leases (its jobs run again once they run out) and exits with status %d for its supervisor to "
+                     "restart it", reason, settings.engine_watchdog_s, EXIT_ENGINE_HUNG)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+    finally:  # a log stream that fails must not keep the process alive
+        os._exit(EXIT_ENGINE_HUNG)
 
 
 # --- reaper: every job ends ------------------------------------------------------------------

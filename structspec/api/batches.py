@@ -30,7 +30,7 @@ Jobs = NamedDependency[JobService]
 NDJSON = "application/x-ndjson"
 # the query parameters of an NDJSON batch (the submit handler's): anything else is a typo, refused
 NDJSON_PARAMETERS = frozenset({"schema_id", "strategy", "draft_len", "temperature", "seed", "max_tokens", "verbatim",
-                               "chunking", "webhook_url"})
+                               "chunking", "timeout_s", "webhook_url"})
 _OPTION = "NDJSON body only (a JSON body carries its options)"
 
 # The request body, for the document only: the handler reads the raw body itself (NDJSON is
@@ -101,6 +101,8 @@ class BatchController(Controller):
             verbatim: Annotated[bool | None, QueryParameter(description=_OPTION)] = None,
             chunking: Annotated[str | None, QueryParameter(description=_OPTION,
                                                            schema_extra=option_keywords("chunking"))] = None,
+            timeout_s: Annotated[int | None, QueryParameter(description=_OPTION,
+                                                            schema_extra=option_keywords("timeout_s"))] = None,
             webhook_url: Annotated[str | None, QueryParameter(description=_OPTION, max_length=2048)] = None
     ) -> Response[BatchAccepted]:
         # The raw body: NDJSON is not JSON, and Litestar would decode a JSON body as one object.
@@ -116,7 +118,7 @@ class BatchController(Controller):
                     f"{', '.join(sorted(NDJSON_PARAMETERS))}",
                     [ErrorItem(path=name, message="unknown query parameter", source="query") for name in unknown])
             options = JobOptions(strategy=strategy, draft_len=draft_len, temperature=temperature, seed=seed,
-                                 max_tokens=max_tokens, verbatim=verbatim, chunking=chunking)
+                                 max_tokens=max_tokens, verbatim=verbatim, chunking=chunking, timeout_s=timeout_s)
             accepted, replayed = await anyio.to_thread.run_sync(jobs.submit_batch_ndjson, data, schema_id, options,
                                                                 idem, webhook_url)
         else:

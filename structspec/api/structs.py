@@ -106,7 +106,7 @@ class HealthFailure(msgspec.Struct, kw_only=True):
 
 class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Decoding options (structspec.options.RequestOptions); unset ones take the server's defaults
-    (STRUCTSPEC_JOB_STRATEGY, STRUCTSPEC_DRAFT_LEN, STRUCTSPEC_MAX_TOKENS)."""
+    (STRUCTSPEC_JOB_STRATEGY, STRUCTSPEC_DRAFT_LEN, STRUCTSPEC_MAX_TOKENS, STRUCTSPEC_JOB_TIMEOUT_S)."""
 
     strategy: Annotated[str, _option("strategy")] | None = None
     draft_len: Annotated[int, _option("draft_len")] | None = None
@@ -115,6 +115,7 @@ class JobOptions(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: Annotated[int, _option("max_tokens")] | None = None
     verbatim: Annotated[bool, _option("verbatim")] | None = None
     chunking: Annotated[str, _option("chunking")] | None = None
+    timeout_s: Annotated[int, _option("timeout_s")] | None = None
 
 
 class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

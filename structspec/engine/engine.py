@@ -41,7 +41,7 @@ from structspec.engine.tokens import token_text
 from structspec.grammar import GrammarCache, GrammarLimits, make_backend, schema_hash, validate_instance
 from structspec.grammar.limits import limit_setting
 from structspec.logs import preview
-from structspec.options import SPECS, RequestOptions
+from structspec.options import SPECS, RequestOptions, timeout_error
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +127,7 @@ class Engine:
         # Masks are filled on the host; pinned, the copy to the GPU is one asynchronous transfer per step.
         self.bitmask = torch.zeros((rows, words), dtype=torch.int32, pin_memory=self.device.type == "cuda")
         self._schema_prompts: OrderedDict[str, list[int]] = OrderedDict()
+        self.clock: Callable[[], float] = time.monotonic  # the requests' deadlines' (tests turn it)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "Engine":
@@ -191,6 +192,8 @@ class Engine:
         """Queue a request; returns its id. Raises OptionError, SchemaError, DocumentTooLong or
         RequestTooLarge for a request that cannot run (nothing is queued then)."""
         opts = request.options = request.options.with_defaults(self.settings).check(concrete=True)
+        if request.deadline is None:  # before anything that may refuse it: chunks inherit it (services/chunks.py)
+            request.deadline = self.clock() + opts.timeout_s
         schema, document = request.schema, request.document
         grammar = self.grammars.get_for(schema, document, opts.verbatim)
         if request.messages is None:
@@ -301,9 +304,12 @@ class Engine:
     # --- one step ------------------------------------------------------------------------------
 
     def step(self) -> list[ExtractResult]:
-        """Admit, then one forward pass over every running sequence; the requests that finished."""
+        """Retire what was cancelled or is past its deadline (running or still waiting), admit,
+        then one forward pass over every running sequence; the requests that finished."""
         sched = self.scheduler
-        done = [self._finish(s, "cancelled") for s in [*sched.running, *sched.waiting] if s.cancelled]
+        at = self.clock()
+        done = [self._finish(s, "cancelled" if s.cancelled else "timeout") for s in [*sched.running, *sched.waiting]
+                if s.cancelled or at >= s.request.deadline]
         now = time.perf_counter()
         for seq in sched.admit():
             seq.stats.queued_s = now - seq.submitted_at
@@ -468,7 +474,7 @@ class Engine:
                              reason[:2000], seq.id, seq.margins, tops=seq.tops)
 
     def _finish(self, seq: Sequence, reason: str | None) -> ExtractResult:
-        """Retire `seq` (reason overrides its stop reason, e.g. "cancelled") and build its result."""
+        """Retire `seq` (reason overrides its stop reason: "cancelled", "timeout") and build its result."""
         self.scheduler.retire(seq)
         stop = reason or seq.stop_reason
         seq.stats.output_tokens = len(seq.out)
@@ -478,6 +484,8 @@ class Engine:
                     tops=seq.tops)
         if stop == "cancelled":
             return ExtractResult("cancelled", None, error="cancelled", **base)
+        if stop == "timeout":
+            return ExtractResult("timeout", None, error=timeout_error(seq.request.options.timeout_s), **base)
         if stop not in ("grammar", "eos"):
             why = {"max_tokens": "max_tokens reached", "context": "the model's context is full"}.get(stop)
             if stop == "repetition":

@@ -44,6 +44,10 @@ class Request:
     # called from the engine's thread with the output bytes each pass adds (streamed replies);
     # it must be quick and must not raise (an exception is logged and the hook dropped)
     on_output: Callable[[bytes], None] | None = None
+    # when the request's time is up, on the engine's clock (Engine.clock): Engine.submit sets it to
+    # its arrival plus options.timeout_s unless given; the chunks of one document carry their
+    # document's (services/chunks.py), so the limit holds for the whole document
+    deadline: float | None = None
 
 
 @dataclass
@@ -116,7 +120,7 @@ class RequestStats:
 
 @dataclass
 class ExtractResult:
-    status: str  # "succeeded" | "truncated" | "invalid" | "cancelled"
+    status: str  # "succeeded" | "truncated" | "invalid" | "cancelled" | "timeout" | "error" | "failed" (refused)
     value: Any  # the parsed JSON when status is succeeded
     text: str  # the raw generated text
     tokens: list[int]

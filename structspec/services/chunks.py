@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from structspec.engine.loop import EngineLoopDown
 from structspec.engine.prompt import DocumentTooLong, build_prompt
 from structspec.engine.sequence import ExtractResult, RequestStats
 from structspec.grammar import validate_instance
@@ -183,7 +184,8 @@ class ChunkStats(RequestStats):
 def combined(schema: dict, results: list[ExtractResult], offsets: list[int]) -> ExtractResult:
     """One engine result (sequence.ExtractResult) for a document extracted in chunks: the
     chunks' values merged (merge()), validated against `schema`; their stats summed, with
-    `chunks` and `chunks_used` added to what as_dict() reports."""
+    `chunks` and `chunks_used` added to what as_dict() reports. A chunk stopped at the time limit
+    times the whole document out: no partial merge is passed off as its result."""
     parts = [Part(r.value if r.status == "succeeded" else None, r.spans or {}, r.confidence or {}, off)
              for r, off in zip(results, offsets)]
     m = merge(parts)
@@ -195,6 +197,9 @@ def combined(schema: dict, results: list[ExtractResult], offsets: list[int]) -> 
     stats.wall_s = max(r.stats.wall_s for r in results)
     stats.stop_reason = "chunks"
     tokens = [t for r in results for t in r.tokens]
+    late = next((r for r in results if r.status == "timeout"), None)
+    if late is not None:  # its chunks share the document's deadline: past it, the document fails whole
+        return ExtractResult("timeout", None, "", tokens, stats, error=late.error)
     if m.value is None:
         first = results[0]
         return ExtractResult(first.status, None, "", tokens, stats,
@@ -266,7 +271,9 @@ class ChunkedSubmissions:
                 if e is not None:
                     self.cancel(request.id)
                     self._chunks.pop(request.id, None)
-                    outer.set_exception(ValueError(f"chunk {k + 1} of {len(requests)}: {e}"))
+                    # a loop that went down failed no chunk of its own: the caller sees it as it is
+                    outer.set_exception(e if isinstance(e, EngineLoopDown) else
+                                        ValueError(f"chunk {k + 1} of {len(requests)}: {e}"))
                     return
                 results[k] = f.result()
                 left[0] -= 1

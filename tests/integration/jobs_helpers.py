@@ -52,6 +52,8 @@ def worker_env(settings: Settings, model: str | None) -> dict[str, str]:
                STRUCTSPEC_JOB_MAX_ATTEMPTS=str(settings.job_max_attempts),
                STRUCTSPEC_ENGINE_MAX_SEQS=str(settings.engine_max_seqs),
                STRUCTSPEC_JOB_REPUBLISH_AFTER_S=str(settings.job_republish_after_s),
+               STRUCTSPEC_JOB_TIMEOUT_S=str(settings.job_timeout_s),
+               STRUCTSPEC_ENGINE_WATCHDOG_S=str(settings.engine_watchdog_s),
                STRUCTSPEC_LOG_FORMAT=settings.log_format, STRUCTSPEC_WEBHOOK_SECRET=settings.webhook_secret,
                STRUCTSPEC_WEBHOOK_HOSTS=settings.webhook_hosts, STRUCTSPEC_JSON_WHITESPACE=settings.json_whitespace)
     if model is not None:

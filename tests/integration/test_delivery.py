@@ -12,6 +12,7 @@ under test: every UPDATE that sets `finished_at` or changes `result` adds a row 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -42,6 +43,7 @@ LONG_SCHEMA = {"type": "object",
                "required": ["note", "label"]}
 ALL_JOBS_END_WITHIN_S = 150  # the stated bound: from submission until every job of the batch has ended
 CRASHING_WORKER = Path(__file__).with_name("crashing_worker.py")
+STALLING_WORKER = Path(__file__).with_name("stalling_worker.py")
 
 COUNT_RESULT_WRITES = """
 CREATE TABLE result_writes (job_id uuid NOT NULL, status text NOT NULL);
@@ -107,13 +109,15 @@ class Deployment:
 
 @contextlib.contextmanager
 def deployment(broker: str, tiny_model: str, tmp_path: Path, *, lease_s: int = 10, worker_args: tuple = (),
-               script: Path | None = None) -> Iterator[Deployment]:
+               script: Path | None = None, **settings) -> Iterator[Deployment]:
+    """`settings`: more Settings for the API and the worker (engine_watchdog_s, job_timeout_s)."""
     url, port = BROKERS[broker]
     broker_url = require_url(broker, url, port)
     queue = f"structspec-delivery-{uuid.uuid4().hex[:8]}"
     with postgres_database("structspec_test_delivery") as db:
         settings = Settings(data_dir=tmp_path, cache_dir=tmp_path / "cache", database_url=db, broker_url=broker_url,
-                            job_queue=queue, job_lease_s=lease_s, job_republish_after_s=lease_s, engine_max_seqs=4)
+                            job_queue=queue, job_lease_s=lease_s, job_republish_after_s=lease_s, engine_max_seqs=4,
+                            **settings)
         migrate.upgrade(db)
         engine = make_engine(db)
         with engine.begin() as conn:
@@ -249,3 +253,85 @@ def test_a_prefork_worker_whose_child_is_killed_mid_job_redelivers_and_each_job_
         poll(lambda: children[0] not in (c := d.worker.children()) and len(c) == 2, timeout=30,
              what="the pool to replace the killed process", worker=d.worker)
         assert re.search(r"exited with 'signal 9", d.worker.log.read_text()), d.worker.log.read_text()[-3000:]
+
+
+# --- 5. an engine that hangs: the watchdog ------------------------------------------------------
+
+def test_a_worker_whose_engine_hangs_exits_for_its_supervisor_and_another_worker_finishes_its_jobs(tiny_model,
+                                                                                                   tmp_path):
+    """The engine hangs in a step (stalling_worker.py) with three jobs in it: after
+    STRUCTSPEC_ENGINE_WATCHDOG_S without a step ending the worker stops renewing its leases and
+    exits with status 75, though its task threads are blocked waiting on the engine. A healthy
+    worker started then (as a supervisor would) re-queues them once their leases run out and
+    finishes them; the job that hung had two attempts, each outcome is written once."""
+    from stalling_worker import HANG_MARKER
+    from worker.watchdog import EXIT_ENGINE_HUNG
+
+    with deployment("redis", tiny_model, tmp_path, lease_s=3, script=STALLING_WORKER, engine_watchdog_s=2) as d:
+        documents = ["document 0", f"document 1 {HANG_MARKER}", "document 2"]
+        t0 = time.monotonic()
+        batch_id = d.submit_batch(documents)
+        exit_code = poll(lambda: d.worker.proc.poll(), timeout=ALL_JOBS_END_WITHIN_S, interval=0.2,
+                         what="the hung worker to exit")
+        log = d.worker.log.read_text()
+        assert exit_code == EXIT_ENGINE_HUNG == 75, log[-3000:]
+        assert re.search(r"engine watchdog: no engine step ended for \d+ s while it held work "
+                         r"\(STRUCTSPEC_ENGINE_WATCHDOG_S=2\); this worker no longer renews its leases", log), log[-3000:]
+        hung = d.jobs(batch_id)[1]
+        assert (hung.status, hung.attempts) == ("running", 1)  # held by the dead worker's lease, not failed
+
+        # the supervisor starts a healthy worker, with the default watchdog: a first step of a busy
+        # machine's fresh process is no hang
+        d.worker.script, d.worker.settings = None, dataclasses.replace(d.settings, engine_watchdog_s=300)
+        d.worker.start()
+        took = d.wait_all_ended(batch_id, len(documents), t0)
+        print(f"\nhung engine: all {len(documents)} jobs ended {took:.1f} s after submission")
+        jobs = d.jobs(batch_id)
+        assert [j.status for j in jobs] == ["succeeded"] * 3, [(j.status, j.error) for j in jobs]
+        assert jobs[1].attempts == 2, [j.attempts for j in jobs]
+        d.assert_each_stored_once(batch_id, len(documents))
+        d.worker.check_alive()
+
+
+# --- 6. a job longer than its time limit -----------------------------------------------------------
+
+TIMEOUT_FAILS_WITHIN_S = 20  # the issue's bound, from submission, for a 3 s limit
+ENDLESS_SCHEMA = {"type": "object", "properties": {"note": {"type": "string", "minLength": 3000}},
+                  "required": ["note"]}  # at least a few hundred steps, each slowed to SLOW_STEP_S
+
+
+def test_a_job_past_its_time_limit_fails_naming_it_and_the_worker_serves_the_next(tiny_model, tmp_path):
+    """options.timeout_s 3 on a document that needs minutes: the engine stops it at the step
+    after its limit, freeing its place; the job is `failed` naming the limit (one attempt, not
+    run again), and the same worker then runs the next job to success."""
+    from stalling_worker import SLOW_MARKER
+
+    with deployment("redis", tiny_model, tmp_path, script=STALLING_WORKER) as d:
+        c = d.client
+        endless = c.post("/v1/schemas", json={"name": "endless", "schema": ENDLESS_SCHEMA}).json()["id"]
+
+        def run(schema_id: str, document: str, options: dict) -> tuple[dict, float]:
+            t0 = time.monotonic()
+            r = c.post("/v1/extractions", json={"schema_id": schema_id, "document": document, "options": options})
+            assert r.status_code == 202, r.text
+            job_id = r.json()["id"]
+            job = poll(lambda: (j := c.get(f"/v1/extractions/{job_id}").json())["finished_at"] and j,
+                       timeout=ALL_JOBS_END_WITHIN_S, interval=0.1, what=f"job {job_id} to end", worker=d.worker)
+            return job, time.monotonic() - t0
+
+        first, _ = run(d.schema_id, "document 0", {"max_tokens": 192})  # the worker is up and serving
+        assert first["status"] == "succeeded", first
+        late, took = run(endless, f"document 1 {SLOW_MARKER}", {"timeout_s": 3, "max_tokens": 8192,
+                                                                 "strategy": "none"})
+        print(f"\na 3 s limit: the job failed {took:.1f} s after submission")
+        assert late["status"] == "failed", late
+        assert late["error"] == ("timeout: the job ran longer than its limit of 3 s (options.timeout_s; server "
+                                 "default STRUCTSPEC_JOB_TIMEOUT_S)"), late["error"]
+        assert took < TIMEOUT_FAILS_WITHIN_S, took
+        [(attempts, options, stats)] = d.rows("SELECT attempts, options, stats FROM jobs WHERE id = :j", j=late["id"])
+        assert attempts == 1 and options["timeout_s"] == 3 and stats["stop_reason"] == "timeout"
+        after, _ = run(d.schema_id, "document 2", {"max_tokens": 192})
+        assert after["status"] == "succeeded", after
+        [(options,)] = d.rows("SELECT options FROM jobs WHERE id = :j", j=after["id"])
+        assert options["timeout_s"] == d.settings.job_timeout_s  # unset: the server's default
+        d.worker.check_alive()

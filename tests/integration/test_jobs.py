@@ -124,7 +124,8 @@ def test_single_job_runs_on_a_worker_and_reports_result_stats_and_timings(stack)
                              id=uuid.UUID(job["id"]).hex if "sqlite" in stack.settings.database_url else job["id"])
     assert (json.loads(stored) if isinstance(stored, str) else stored) == {  # RequestOptions.as_dict()
         "strategy": "schema", "draft_len": 4, "temperature": 0.0, "seed": None,
-        "max_tokens": stack.settings.max_tokens, "verbatim": False, "chunking": "off"}
+        "max_tokens": stack.settings.max_tokens, "verbatim": False, "chunking": "off",
+        "timeout_s": stack.settings.job_timeout_s}
 
 
 def test_wait_answers_200_with_the_finished_job_and_registers_an_inline_schema(stack):

@@ -222,7 +222,8 @@ def test_job_options_default_to_auto_and_reject_unknown_strategies(client, schem
     from structspec.api.structs import JobOptions
 
     svc = JobService(None, settings, None)
-    assert svc.request_options(None) == RequestOptions(strategy="auto", draft_len=None, max_tokens=settings.max_tokens)
+    assert svc.request_options(None) == RequestOptions(strategy="auto", draft_len=None, max_tokens=settings.max_tokens,
+                                                       timeout_s=settings.job_timeout_s)
     assert svc.request_options(JobOptions(strategy="auto", draft_len=4)).draft_len == 4
     assert svc.request_options(JobOptions(strategy="ngram")).draft_len == settings.draft_len
     body = assert_error(client.post("/v1/extractions", json={"schema_id": schema_id, "document": "x",
@@ -302,7 +303,8 @@ def test_worker_resolves_auto_and_records_stats_with_the_result_only_while_it_ho
     with sessions.begin() as s:
         jobs = JobRepository(s).add_many([dict(schema_id=sid, document="d", options={"strategy": "auto", "draft_len": None,
                                                                                         "temperature": 0.0, "seed": None,
-                                                                                        "max_tokens": 64})
+                                                                                        "max_tokens": 64,
+                                                                                        "timeout_s": 600})
                                           for _ in range(3)])
         assert JobRepository(s).claim(jobs, "w1", 60) == jobs
     assert run_one(tasks, sessions, settings, jobs[0], "w1") == 1
@@ -346,4 +348,4 @@ def test_worker_fails_a_job_whose_stored_options_it_cannot_read_naming_the_optio
         stored = JobRepository(s).get(job)
         assert (stored.status, stored.error) == (
             "failed", "stored options cannot be used: unknown option 'beam'; options are strategy, draft_len, "
-                      "temperature, seed, max_tokens, verbatim, chunking")
+                      "temperature, seed, max_tokens, verbatim, chunking, timeout_s")

@@ -144,3 +144,45 @@ def test_a_chunk_that_fails_fails_its_document_naming_the_chunk(tiny_compact_eng
             future.result(timeout=120)
     finally:
         loop.stop()
+
+
+def test_a_chunk_stopped_at_the_time_limit_times_the_whole_document_out():
+    """No partial merge passes for a document whose time ran out (the others' values are left out)."""
+    from structspec.engine.sequence import ExtractResult, RequestStats
+    from structspec.options import timeout_error
+    from structspec.services.chunks import combined
+
+    def result(status, value=None, error=None):
+        return ExtractResult(status, value, "", [1, 2], RequestStats("none", 0), error=error)
+
+    done = combined(WHO, [result("succeeded", {"who": "Ann"}), result("timeout", error=timeout_error(4))], [0, 50])
+    assert (done.status, done.value, done.error) == ("timeout", None, timeout_error(4))
+    assert done.stats.chunks == 2 and done.tokens == [1, 2, 1, 2]
+
+
+def test_the_chunks_of_a_document_share_its_deadline(tiny_compact_engine, monkeypatch):
+    """The limit is the document's: its chunks carry the deadline set when the whole document
+    was first taken, so a clock past it stops every chunk, and the document fails naming it."""
+    from structspec.engine.loop import EngineLoop
+    from structspec.services.chunks import ChunkedSubmissions
+
+    readings = []
+
+    def clock():  # the first reading sets the document's deadline (1000 + 2); every later one is past it
+        readings.append(1000.0 if not readings else 1003.0)
+        return readings[-1]
+
+    monkeypatch.setattr(tiny_compact_engine, "clock", clock)
+    loop = EngineLoop(tiny_compact_engine)
+    submitted = []
+    real_submit = loop.submit
+    monkeypatch.setattr(loop, "submit", lambda request: submitted.append(request) or real_submit(request))
+    try:
+        req = _request("auto")
+        req.options = req.options.replace(timeout_s=2)
+        res = ChunkedSubmissions(loop).submit(req).result(timeout=300)
+    finally:
+        loop.stop()
+    assert len(submitted) >= 3 and {r.deadline for r in submitted} == {1002.0}  # the document, then its chunks
+    assert res.status == "timeout" and res.stats.chunks == len(submitted) - 1
+    assert res.error.startswith("the job ran longer than its limit of 2 s")

@@ -345,3 +345,37 @@ def test_a_document_longer_than_the_context_is_chunked_and_merged_on_request(cap
     assert line["spans"]["/who"] is not None, (line, err[-2000:])
     start, end = line["spans"]["/who"]  # verbatim: a span, shifted into the whole document
     assert text[start:end] == line["result"]["who"] and line["chunks"] == chunks
+
+
+def test_a_bad_timeout_names_the_flag_before_the_model_loads(capsys, tmp_path, monkeypatch):
+    import structspec.cli as cli
+
+    monkeypatch.setattr(cli, "build_engine", lambda settings: pytest.fail("the model was loaded"))
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object"}))
+    doc = tmp_path / "d.txt"
+    doc.write_text("x")
+    code, err = run_cli(capsys, "extract", "--schema", str(schema), str(doc), "--strategy", "none", "--timeout", "0")
+    assert code == 2 and "structspec: error: --timeout must be between 1 and 86400, not 0\n" in err
+
+
+def test_a_document_past_its_timeout_fails_naming_the_limit_its_chunks_included(capsys, monkeypatch, tmp_path,
+                                                                              tiny_compact_engine):
+    """--timeout is the document's limit: extracted in chunks, every chunk runs within the time
+    the document began with (the engine's clock here reads past it after the first reading)."""
+    import structspec.cli as cli
+
+    readings = []
+    monkeypatch.setattr(tiny_compact_engine, "clock",
+                        lambda: readings.append(1000.0 if not readings else 1003.0) or readings[-1])
+    monkeypatch.setattr(cli, "build_engine", lambda settings: tiny_compact_engine)
+    schema = tmp_path / "who.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}))
+    doc = tmp_path / "long.txt"
+    doc.write_text("".join(f"Line {n}: shipment {n * 7} went to depot {n % 13}.\n" for n in range(1800)))
+    code = main(["extract", "--schema", str(schema), str(doc), "--strategy", "none", "--max-tokens", "32",
+                 "--chunking", "auto", "--timeout", "2"])
+    out, err = capsys.readouterr()
+    assert code == 1 and out == ""
+    assert (f"structspec: {doc}: timeout: the job ran longer than its limit of 2 s (options.timeout_s; server "
+            "default STRUCTSPEC_JOB_TIMEOUT_S)") in err

@@ -20,7 +20,7 @@ def error_of(opts: RequestOptions, concrete: bool = False) -> OptionError:
 
 def test_every_field_has_a_spec_and_only_numbers_have_bounds():
     assert OPTION_NAMES == tuple(f for f in RequestOptions.__dataclass_fields__)
-    assert NUMERIC == ["draft_len", "temperature", "seed", "max_tokens"]
+    assert NUMERIC == ["draft_len", "temperature", "seed", "max_tokens", "timeout_s"]
     assert all(SPECS[n].maximum is not None for n in NUMERIC)
     assert SPECS["strategy"].choices == JOB_STRATEGIES == (AUTO, *STRATEGIES)
 
@@ -57,6 +57,8 @@ def test_exact_messages_for_each_kind_of_bad_value():
         (RequestOptions(seed=False), "seed", "seed must be an integer, not False"),
         (RequestOptions(verbatim="yes"), "verbatim", "verbatim must be true or false, not 'yes'"),
         (RequestOptions(chunking="always"), "chunking", "chunking must be one of off, auto, not 'always'"),
+        (RequestOptions(timeout_s=0), "timeout_s", "timeout_s must be between 1 and 86400, not 0"),
+        (RequestOptions(timeout_s=2.5), "timeout_s", "timeout_s must be an integer, not 2.5"),
     ]
     for opts, option, message in cases:
         e = error_of(opts)
@@ -78,7 +80,7 @@ def test_from_dict_refuses_unknown_keys_naming_the_first():
         RequestOptions.from_dict({"strategy": "auto", "zeta": 1, "beam": 4})
     assert e.value.option == "beam"
     assert str(e.value) == ("unknown option 'beam'; options are strategy, draft_len, temperature, seed, "
-                            "max_tokens, verbatim, chunking")
+                            "max_tokens, verbatim, chunking, timeout_s")
 
 
 def test_from_dict_reads_none_and_missing_as_defaults_and_round_trips_as_dict():
@@ -93,8 +95,8 @@ def test_from_dict_does_not_check_bounds():
     assert RequestOptions.from_dict({"draft_len": 999}).draft_len == 999  # check() does
 
 
-def test_concrete_refuses_auto_and_unset_draft_len_or_max_tokens():
-    full = RequestOptions(strategy="ngram", draft_len=4, max_tokens=64)
+def test_concrete_refuses_auto_and_unset_draft_len_max_tokens_or_timeout():
+    full = RequestOptions(strategy="ngram", draft_len=4, max_tokens=64, timeout_s=30)
     assert full.check(concrete=True) is full
     e = error_of(full.replace(strategy=AUTO), concrete=True)
     assert (e.option, str(e)) == ("strategy", "strategy must be one of none, schema, ngram, composite, not 'auto'")
@@ -102,15 +104,19 @@ def test_concrete_refuses_auto_and_unset_draft_len_or_max_tokens():
     assert (e.option, str(e)) == ("draft_len", "draft_len must be set")
     e = error_of(full.replace(max_tokens=None), concrete=True)
     assert (e.option, str(e)) == ("max_tokens", "max_tokens must be set")
+    e = error_of(full.replace(timeout_s=None), concrete=True)
+    assert (e.option, str(e)) == ("timeout_s", "timeout_s must be set")
     assert full.replace(strategy=AUTO, draft_len=None, max_tokens=None).check() is not None  # not concrete: fine
 
 
-def test_with_defaults_fills_max_tokens_and_a_fixed_strategys_draft_len_only():
-    settings = Settings(draft_len=6, max_tokens=300)
-    assert RequestOptions().with_defaults(settings) == RequestOptions(strategy=AUTO, draft_len=None, max_tokens=300)
+def test_with_defaults_fills_max_tokens_timeout_and_a_fixed_strategys_draft_len_only():
+    settings = Settings(draft_len=6, max_tokens=300, job_timeout_s=45)
+    assert RequestOptions().with_defaults(settings) == RequestOptions(strategy=AUTO, draft_len=None, max_tokens=300,
+                                                                      timeout_s=45)
     assert RequestOptions(strategy="schema").with_defaults(settings) == RequestOptions(
-        strategy="schema", draft_len=6, max_tokens=300)
-    given = RequestOptions(strategy="ngram", draft_len=0, temperature=0.5, seed=1, max_tokens=9, verbatim=True)
+        strategy="schema", draft_len=6, max_tokens=300, timeout_s=45)
+    given = RequestOptions(strategy="ngram", draft_len=0, temperature=0.5, seed=1, max_tokens=9, verbatim=True,
+                           timeout_s=3)
     assert given.with_defaults(settings) == given
     assert RequestOptions(draft_len=3).with_defaults(settings).draft_len == 3  # auto at a given k
     assert RequestOptions(strategy="none").with_defaults(settings).check(concrete=True).draft_len == 6
@@ -170,3 +176,16 @@ def test_job_options_do_not_enforce_bounds_the_service_checks():
 
     opts = msgspec.json.decode(b'{"draft_len": 999, "strategy": "psychic", "max_tokens": 0}', type=JobOptions)
     assert (opts.draft_len, opts.strategy, opts.max_tokens) == (999, "psychic", 0)
+
+
+def test_the_servers_time_limit_settings_are_refused_out_of_bounds_naming_the_variable():
+    from structspec.config import SettingsError
+
+    for env, message in [({"STRUCTSPEC_JOB_TIMEOUT_S": "0"}, "STRUCTSPEC_JOB_TIMEOUT_S must be between 1 and 86400, not 0"),
+                         ({"STRUCTSPEC_JOB_TIMEOUT_S": "86401"},
+                          "STRUCTSPEC_JOB_TIMEOUT_S must be between 1 and 86400, not 86401"),
+                         ({"STRUCTSPEC_ENGINE_WATCHDOG_S": "0"}, "STRUCTSPEC_ENGINE_WATCHDOG_S must be at least 1, not 0")]:
+        with pytest.raises(SettingsError) as e:
+            Settings.from_env(env)
+        assert str(e.value) == message
+    assert Settings.from_env({"STRUCTSPEC_JOB_TIMEOUT_S": "86400"}).job_timeout_s == 86400

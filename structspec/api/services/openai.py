@@ -41,9 +41,13 @@ from structspec.ingest import IngestError, Limits
 from structspec.options import RequestOptions
 
 DEFAULT_MODEL_ID = "SmolLM2-135M-Instruct"
+# structspec's own request parameters, in a body field of their own (the reply's extension field has
+# the same name): in a batch line's body too, where headers cannot go
+EXTENSION = "structspec"
+EXTENSION_OPTIONS = ("timeout_s",)
 CHAT_ENDPOINT = "/v1/chat/completions"
 KNOWN_FIELDS = {"model", "messages", "response_format", "max_tokens", "max_completion_tokens", "temperature",
-                "seed", "n", "stream", "stream_options", "user", "metadata", "store"}
+                "seed", "n", "stream", "stream_options", "user", "metadata", "store", EXTENSION}
 COMPLETION_WINDOWS = {"24h": timedelta(hours=24)}
 METADATA_LIMITS = (16, 64, 512)  # pairs, key characters, value characters (OpenAI's)
 
@@ -161,13 +165,19 @@ def response_schema(raw: Any) -> dict[str, Any]:
 
 
 def job_options(body: dict[str, Any]) -> JobOptions:
-    """Decoding options from the request. temperature defaults to 0 (greedy) here, not 1."""
+    """Decoding options from the request. temperature defaults to 0 (greedy) here, not 1. The
+    extension field `structspec` may hold timeout_s."""
+    extension = body.get(EXTENSION)
+    if extension is not None and (not isinstance(extension, dict) or set(extension) - set(EXTENSION_OPTIONS)):
+        raise bad_request(f"{EXTENSION} must be an object holding only {', '.join(EXTENSION_OPTIONS)}", EXTENSION)
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    values = {"temperature": body.get("temperature"), "seed": body.get("seed"), "max_tokens": max_tokens}
+    values = {"temperature": body.get("temperature"), "seed": body.get("seed"), "max_tokens": max_tokens,
+              f"{EXTENSION}.timeout_s": (extension or {}).get("timeout_s")}
     for name, value in values.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise bad_request(f"{name} must be a number", name)
-    return JobOptions(temperature=values["temperature"], seed=values["seed"], max_tokens=max_tokens)
+    return JobOptions(temperature=values["temperature"], seed=values["seed"], max_tokens=max_tokens,
+                      timeout_s=values[f"{EXTENSION}.timeout_s"])
 
 
 def check_request(body: Any, streaming: bool = True) -> dict[str, Any]:

@@ -580,6 +580,81 @@ def test_a_cancelled_request_ends_cancelled_and_the_others_go_on(tiny_normal_loa
     assert engine.kv.reserved_bytes == 0
 
 
+class Clock:
+    """The engine's deadline clock, turned by hand."""
+
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_running_request_past_its_deadline_is_retired_and_the_others_finish_exactly(tiny_normal_loaded,
+                                                                                       references):
+    """Its deadline is its arrival plus options.timeout_s (an unset one: the setting), on the
+    engine's clock; past it the next step retires it (slot and KV freed at once) with a result
+    naming the limit, and the requests beside it decode as if it had never been there."""
+    from structspec.options import timeout_error
+
+    rows = deepjsoneval_rows(6)
+    requests = ordinary_requests(rows)
+    target = requests[2] = Request(requests[2].schema, requests[2].document,
+                                   requests[2].options.replace(timeout_s=5))
+    engine = batched_engine(tiny_normal_loaded, engine_max_seqs=8, job_timeout_s=700)
+    engine.clock = clock = Clock()
+    for r in requests:
+        engine.submit(r)
+    assert target.deadline == 1005.0 and {r.deadline for r in requests if r is not target} == {1700.0}
+    results, late_after = {}, None
+    while engine.has_work():
+        for res in engine.step():
+            results[res.request_id] = res
+        seq = engine.scheduler.find(target.id)
+        if late_after is None and seq is not None and len(seq.out) >= 3:
+            late_after, reserved = len(seq.out), engine.kv.reserved_bytes
+            clock.now = 1005.0  # its time is up; the others' is not
+            results.update((res.request_id, res) for res in engine.step())
+            assert engine.scheduler.find(target.id) is None  # retired at the start of that step
+            assert engine.kv.reserved_bytes <= reserved - engine.kv.bytes_for(seq.slot.capacity)
+    assert late_after is not None, "the request finished before its time was up"
+    late = results[target.id]
+    assert (late.status, late.value, late.error) == ("timeout", None, timeout_error(5))
+    assert late.error == ("the job ran longer than its limit of 5 s (options.timeout_s; server default "
+                          "STRUCTSPEC_JOB_TIMEOUT_S)")
+    assert len(late.tokens) == late_after and late.stats.stop_reason == "timeout"
+    tally = Tally()
+    for r in requests:
+        if r is not target:
+            tally.check(references(r.schema, r.document, r.options), results[r.id], f"{r.options.strategy} "
+                                                                                      "beside a timeout")
+    print(f"\nbeside a timeout: {tally}")
+    assert engine.kv.reserved_bytes == 0
+
+
+def test_a_request_still_waiting_for_a_place_times_out_too(tiny_normal_loaded, references):
+    """Time waiting in the engine counts: a request that never got a place (one sequence at a
+    time) ends at its deadline with no output, and the one running is unaffected."""
+    rows = deepjsoneval_rows(2)
+    first, waiting = ordinary_requests(rows)
+    waiting.options = waiting.options.replace(timeout_s=1)
+    engine = batched_engine(tiny_normal_loaded, engine_max_seqs=1)
+    engine.clock = clock = Clock()
+    engine.submit(first)
+    engine.submit(waiting)
+    results = {res.request_id: res for res in engine.step()}
+    assert engine.scheduler.find(waiting.id) in engine.scheduler.waiting
+    clock.now += 1
+    results.update((res.request_id, res) for res in engine.step())
+    late = results[waiting.id]
+    assert late.status == "timeout" and late.tokens == [] and "limit of 1 s" in late.error
+    assert engine.scheduler.find(waiting.id) is None
+    while engine.has_work():
+        results.update((res.request_id, res) for res in engine.step())
+    Tally().check(references(first.schema, first.document, first.options), results[first.id], "beside a timeout")
+    assert engine.kv.reserved_bytes == 0
+
+
 SHARED_PREFIX_DOCS = [RECEIPT_TEXT + f"\nCashier: {name}" for name in ("Ann", "Bob", "Cy", "Di", "Ed")]
 
 
