@@ -169,7 +169,7 @@ def test_a_pdf_sent_as_content_gets_its_spans_on_the_page_and_bad_files_store_no
         ({"content": base64.b64encode(b"PK\x03\x04").decode(), "media_type": "application/zip"}, 415,
          "unsupported media type application/zip"),
         ({"content": "not base64!"}, 422, "not valid base64"),
-        ({"content": png, "document": "text"}, 422, "not both"),
+        ({"content": png, "document": "text"}, 422, "give the document one way"),
         ({}, 422, "is required"),
     ]:
         err = assert_error(stack.client.post("/v1/extractions", json={"schema": schema, **bad}), status)
@@ -322,10 +322,11 @@ def test_ndjson_batch_reports_malformed_lines_by_number_and_runs_the_rest(stack)
     assert [e["path"] for e in err["errors"]] == ["line 1", "line 2"]
 
 
-def test_batch_entries_may_be_files_read_at_submission_with_boxes_in_the_results(stack):
+def test_batch_entries_may_be_files_read_by_the_worker_with_boxes_in_the_results(stack):
     """NDJSON and JSON batches take {"content": base64, "media_type"?} entries beside text ones:
-    a PDF's text layer is what its job stores, its result line carries boxes; a file that
-    cannot be read is a rejected entry naming the problem, and the rest run."""
+    a PDF's text layer is what its job stores once the worker's reader has read it, its result
+    line carries boxes; a file that fails the submission's checks (it does not open) is a
+    rejected entry naming the problem, and the rest run."""
     import base64
 
     from structspec.ingest import ingest
@@ -348,7 +349,7 @@ def test_batch_entries_may_be_files_read_at_submission_with_boxes_in_the_results
     body = r.json()
     assert body["total"] == 2 and [x["line"] for x in body["rejected"]] == [3, 4, 5, 6, 7], body
     messages = [x["message"] for x in body["rejected"]]
-    for message, expected in zip(messages, ["the PDF cannot be read", "not valid base64", "not both",
+    for message, expected in zip(messages, ["the PDF cannot be read", "not valid base64", "give the document one way",
                                             "unsupported media type application/zip", "goes with 'content'"]):
         assert expected in message, messages
     stack.wait_batch(body["id"])
