@@ -31,7 +31,7 @@ from structspec.config import Settings
 from structspec.db.files import FileRepository
 from structspec.db.jobs import JobRepository
 from structspec.db.retry import retrying
-from structspec.logs import preview
+from structspec.logs import preview, safe_traceback
 from worker.app import READ_FILES, app, enqueue
 
 log = logging.getLogger("structspec.worker.ingest")
@@ -67,6 +67,19 @@ def read_files(self: ReadTask, job_ids: list[str]) -> dict[str, int]:
 
 
 def read_one(sessions, settings: Settings, job_id: uuid.UUID) -> str:
+    """_read_one, with a bug or an unforeseen error failing the job visibly (its lease held, it
+    would otherwise wait out its lease and its attempts)."""
+    token = "reader-" + uuid.uuid4().hex[:16]
+    try:
+        return _read_one(sessions, settings, job_id, token)
+    except Exception as e:
+        log.error("reading the file crashed: %s: %s", type(e).__name__, preview(e),
+                  extra={"job_id": str(job_id), "stack": safe_traceback((type(e), e, e.__traceback__))})
+        return _fail(sessions, settings, job_id, token, {"job_id": str(job_id)}, None,
+                     f"internal error: {type(e).__name__} while reading the file")
+
+
+def _read_one(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> str:
     """Read one job's files: "read" (handed to the model's queue), "failed" or "skipped".
 
     The job's `intake["files"]` lists them: each an uploaded file (`file_id`) or a slice of the
@@ -76,7 +89,6 @@ def read_one(sessions, settings: Settings, job_id: uuid.UUID) -> str:
     the messages' text, as for a chat request without files."""
     from structspec.ingest import IngestError, Limits, encode_layout, read_isolated
 
-    token = "reader-" + uuid.uuid4().hex[:16]
     fields = {"job_id": str(job_id)}
 
     def claim():
@@ -125,13 +137,15 @@ def read_one(sessions, settings: Settings, job_id: uuid.UUID) -> str:
         [doc] = docs
         text, layout, warnings = doc.text, encode_layout(doc), list(doc.warnings)
     else:
-        from structspec.engine.prompt import messages_text
+        from structspec.engine.prompt import chat_messages, messages_text
 
+        # stored as content parts (checked by the API); each file's text goes into its part
         messages = [dict(m, content=list(m["content"])) if isinstance(m.get("content"), list) else dict(m)
                     for m in messages]
-        for entry, doc in zip(entries, docs):
+        for (entry, _), doc in zip(entries, docs):
             i, j = entry["at"]
             messages[i]["content"][j] = {"type": "text", "text": doc.text}
+        messages = chat_messages(messages)  # as a chat request without files stores them: text content
         text, layout, warnings = messages_text(messages), None, [w for doc in docs for w in doc.warnings]
     size, limit = len(text.encode("utf-8", "surrogatepass")), settings.max_document_bytes
     if size > limit:
@@ -162,8 +176,11 @@ def read_one(sessions, settings: Settings, job_id: uuid.UUID) -> str:
     return "read"
 
 
-def _fail(sessions, settings: Settings, job_id: uuid.UUID, token: str, fields: dict, code: str, message: str) -> str:
-    error = f"{code}: {message}"
+def _fail(sessions, settings: Settings, job_id: uuid.UUID, token: str, fields: dict, code: str | None,
+          message: str) -> str:
+    """Fail the job held by `token` with `code: message` (a code of structspec.ingest.FILE_ERRORS;
+    None: an internal error, the message alone)."""
+    error = f"{code}: {message}" if code else message
 
     def store() -> bool:
         with sessions.begin() as session:

@@ -31,6 +31,7 @@ FILE_ERRORS: dict[str, tuple[int, str]] = {
                           "ingest_ocr_page_timeout_s"),
     "read_memory": (413, "the process reading the file reached its memory limit (ingest_max_memory_mb)"),
     "read_crashed": (422, "the process reading the file (or its OCR) died"),
+    "file_missing": (404, "an uploaded file (`file_id`) was deleted before a worker read it"),
 }
 STATUS_CODES = {413: "file_too_large", 415: "unsupported_media_type", 422: "file_unreadable"}  # the default code
 

@@ -229,7 +229,7 @@ def test_a_document_that_kills_its_worker_every_time_fails_after_the_cap_and_its
 def test_a_prefork_worker_whose_child_is_killed_mid_job_redelivers_and_each_job_completes_once(tiny_model, tmp_path):
     n = 16
     with deployment("rabbitmq", tiny_model, tmp_path, lease_s=3,
-                    worker_args=("--pool", "prefork", "--concurrency", "2")) as d:
+                    worker_args=("--pool", "prefork", "--concurrency", "2", "--queues", "model")) as d:
         children = poll(lambda: len(c := d.worker.children()) == 2 and c, timeout=60, what="2 pool processes",
                         worker=d.worker)
         t0 = time.monotonic()

@@ -233,6 +233,8 @@ def read_chat_request(body: Any, jobs: JobService, streaming: bool = True) -> Ch
     body = check_request(body, streaming)
     raw, files = file_parts(body.get("messages"), lambda file_id: uploaded_file(jobs, file_id), jobs.limits)
     messages = chat_messages(raw)
+    if files is not None:  # kept as content parts, checked: the reader puts each file's text in its part
+        messages = raw
     schema = response_schema(body.get("response_format"))
     options = jobs.request_options(job_options(body))
     return ChatRequest(messages=messages, schema=schema, options=options, stream=bool(body.get("stream")),
