@@ -4,12 +4,14 @@ of fifty scans is a small JSON body."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 import anyio
 from litestar import Controller, Request, delete, get, post
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIType, Operation, RequestBody, Schema
 from litestar.params import PathParameter, QueryParameter
 from litestar.response import Stream
 
@@ -22,6 +24,20 @@ from structspec.api.uploads import read_upload
 
 FileId = Annotated[str, PathParameter(description="file id (file-<hex>)")]
 Files = NamedDependency[FileService]
+
+
+# The body, for the document only: the handler reads the multipart stream itself (api/uploads.py).
+UPLOAD_BODY = RequestBody(required=True, content={"multipart/form-data": OpenAPIMediaType(schema=Schema(
+    type=OpenAPIType.OBJECT, required=["file"],
+    properties={"file": Schema(type=OpenAPIType.STRING, format="binary",
+                               description="the document: a PDF, PNG, JPEG, TIFF or text file"),
+                "purpose": Schema(type=OpenAPIType.STRING, enum=[DOCUMENT], description="user_data (the default)")}))})
+
+
+@dataclass
+class UploadOperation(Operation):
+    def __post_init__(self) -> None:
+        self.request_body = UPLOAD_BODY
 
 
 def provide_file_service(state: State, request: Request) -> FileService:
@@ -39,7 +55,7 @@ class FileController(Controller):
           description="multipart/form-data with a `file` part (a PDF, PNG, JPEG, TIFF or text file) and an optional "
                       "`purpose` (user_data, the default). Streamed to the file store; at most max_file_bytes. "
                       "Give its id as `file_id` in POST /v1/extractions or in a batch entry.",
-          responses=_errors(400, 413, 415))
+          responses=_errors(400, 413, 415, 422), operation_class=UploadOperation)
     async def upload(self, request: Request, state: State, files: Files) -> FileRead:
         upload = await read_upload(request, state.settings.max_file_bytes)
         try:

@@ -140,12 +140,13 @@ class ExtractionCreate(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
         examples=["application/pdf"])] | None = None
     options: JobOptions | None = None
 
-    # exactly one of schema_id and schema, and one of document and content, not null (structspec.api.openapi)
+    # exactly one of schema_id and schema, and one of document, content and file_id, not null (structspec.api.openapi)
     __openapi_extra__: ClassVar[dict[str, Any]] = {"allOf": [
         Schema(one_of=[Schema(required=["schema_id"], properties={"schema_id": Schema(type=OpenAPIType.STRING)}),
                        Schema(required=["schema"], properties={"schema": Schema(type=OpenAPIType.OBJECT)})]),
         Schema(one_of=[Schema(required=["document"], properties={"document": Schema(type=OpenAPIType.STRING)}),
-                       Schema(required=["content"], properties={"content": Schema(type=OpenAPIType.STRING)})])]}
+                       Schema(required=["content"], properties={"content": Schema(type=OpenAPIType.STRING)}),
+                       Schema(required=["file_id"], properties={"file_id": Schema(type=OpenAPIType.STRING)})])]}
 
 
 class JobAccepted(msgspec.Struct, kw_only=True):

@@ -79,7 +79,7 @@ def test_every_documented_v1_operation_needs_a_key(client, keys):
     assert len(operations) >= 14
     for method, path in operations:
         concrete = path.replace("{schema_id}", str(uuid.uuid4())).replace("{job_id}", str(uuid.uuid4())) \
-            .replace("{batch_id}", str(uuid.uuid4())).replace("{name}", "x")
+            .replace("{batch_id}", str(uuid.uuid4())).replace("{name}", "x").replace("{file_id}", "file-x")
         assert "{" not in concrete, path
         assert_error(client.request(method, concrete, json={}), 401)
         assert doc["paths"][path][method.lower()]["security"] == [{"ApiKey": []}], path

@@ -71,7 +71,8 @@ def test_jobs_list_newest_first_as_summaries_filtered_and_paged(client, sessions
     assert (page["total"], page["limit"], page["offset"]) == (5, 50, 0)
     ids = [j["id"] for j in page["items"]]
     assert ids[0] == last and ids[-1] == first and set(ids[1:4]) == job_ids(sessions, batch)
-    assert set(page["items"][0]) == {"id", "status", "schema_id", "batch_id", "error", "created_at", "finished_at"}
+    assert set(page["items"][0]) == {"id", "status", "phase", "schema_id", "batch_id", "error", "created_at",
+                                     "finished_at"}
     assert "secret-doc" not in client.get("/v1/extractions").text  # no documents (or results) in a list
 
     def ids_of(query: str) -> list[str]:
@@ -203,7 +204,7 @@ def test_retention_deletes_what_finished_before_the_cutoff_and_nothing_else(clie
 
 def test_retention_deletes_old_openai_format_batches_with_their_jobs_and_old_files(client, settings, sessions,
                                                                                      schema_id):
-    from structspec.db.models import FileRecord
+    from structspec.db.models import FilePartRecord, FileRecord
 
     old, running, recent = (submit_batch(client, schema_id, 2) for _ in range(3))
     age(sessions, "batches", "created_at", 10, [old, running, recent])
@@ -218,13 +219,16 @@ def test_retention_deletes_old_openai_format_batches_with_their_jobs_and_old_fil
                                     status="completed", total=2, invalid=[],
                                     created_at=utcnow() - timedelta(days=days)))
         for name, days in (("old", 8), ("new", 6)):
-            s.add(FileRecord(id=f"file-{name}", purpose="batch", filename="in.jsonl", bytes=1, content=b"x",
+            s.add(FileRecord(id=f"file-{name}", purpose="batch", filename="in.jsonl", bytes=1,
                              created_at=utcnow() - timedelta(days=days)))
+            s.flush()  # the file before its piece (no ORM relationship orders them)
+            s.add(FilePartRecord(file_id=f"file-{name}", seq=0, data=b"x"))
     purged = purge_expired(replace(settings, job_retention_days=7), sessions)
     assert (purged.openai_batches, purged.files, purged.batches, purged.more) == (2, 1, 0, False)
     with sessions() as s:
         assert set(s.scalars(sa.select(OpenAIBatchRecord.id))) == {"batch_running", "batch_recent", "batch_new"}
         assert set(s.scalars(sa.select(FileRecord.id))) == {"file-new"}
+        assert set(s.scalars(sa.select(FilePartRecord.file_id))) == {"file-new"}  # pieces go with their file
     assert job_ids(sessions, old) == set() and len(job_ids(sessions, running)) == 2
     assert len(job_ids(sessions, recent)) == 2
     with sessions.begin() as s:

@@ -146,9 +146,12 @@ def test_worker_process_in_json_mode_writes_only_json_lines_with_ids_and_no_docu
         worker.stop()
     text = worker.log.read_text()
     assert MARKER not in text and DOCUMENT[:40] not in text
-    # Every line is JSON except Celery's shutdown notice, which it prints on stdout itself.
+    # Every line is JSON except Celery's shutdown notice, which it prints on stdout itself: for the
+    # model's worker process and for the file reader it started (`--queues all`), which gets SIGTERM
+    # from the process group and again from its parent's exit, so once or twice
     raw = [line for line in text.splitlines() if line.strip()]
-    assert [line for line in raw if not line.startswith("{")] == ["worker: Warm shutdown (MainProcess)"]
+    notices = [line for line in raw if not line.startswith("{")]
+    assert set(notices) == {"worker: Warm shutdown (MainProcess)"} and 2 <= len(notices) <= 3, notices
     lines = [json.loads(line) for line in raw if line.startswith("{")]
     assert all({"ts", "level", "logger", "message"} <= set(line) for line in lines)
     mine = [line for line in lines if line.get("job_id") == job_id]

@@ -78,11 +78,12 @@ def accepts_schema_valid_requests(ctx, response, case):
       document states for documents but cannot for every string inside a free-form JSON Schema;
     - a 422 for a batch document id given twice: OpenAPI cannot say that one field of the array's
       items must be unique (uniqueItems compares whole items);
-    - a 413, 415 or 422 about a submitted file alone (path /content): what its bytes hold (valid
-      base64, a readable PDF, a media type structspec reads) is no shape OpenAPI describes."""
-    if response.status_code in (413, 415, 422) and (body := _json(response)) is not None:
+    - a 400, 413, 415 or 422 about a submitted file alone (path /content, /file_id, or an upload's
+      `file`): what its bytes hold (valid base64, a readable PDF, a media type structspec reads, not
+      empty) or which uploaded files exist is no shape OpenAPI describes."""
+    if response.status_code in (400, 413, 415, 422) and (body := _json(response)) is not None:
         errors = body.get("errors") or []
-        if errors and all(e.get("path") == "/content" for e in errors):
+        if errors and all(e.get("path") in ("/content", "/file_id", "file") for e in errors):
             return None
     if response.status_code == 400 and (body := _json(response)) is not None:
         errors = body.get("errors") or []
