@@ -64,13 +64,13 @@ def job_row(sessions, job_id):
 
 def test_a_file_is_checked_at_submission_and_read_by_a_reader_not_the_request(client, settings, sessions,
                                                                               published, monkeypatch):
+    import structspec.ingest
     from structspec.ingest import ingest
-    import structspec.ingest.pdf as pdf_module
 
     def no_reading_here(*a, **k):
         raise AssertionError("the API read the file while the request waited")
 
-    monkeypatch.setattr(pdf_module, "read_pdf", no_reading_here)
+    monkeypatch.setattr(structspec.ingest, "read_pdf", no_reading_here)  # the name ingest() calls
     r = client.post("/v1/extractions", json={"schema": SCHEMA, "content": base64.b64encode(PDF).decode(),
                                              "media_type": "application/pdf"})
     assert r.status_code == 202, r.text
