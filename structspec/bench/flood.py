@@ -10,8 +10,10 @@ embedded broker, the default model) and measures, while a thread asks `GET /heal
      reason) and the time until the last one ends;
   2. hostile: a 1 KB PDF of one 200 x 200 inch page with no text layer (POST ?wait=60: its
      outcome and time) and a 30,000 x 30,000 PNG (its status and time), /health after both;
-  3. upload: --uploads scans through POST /v1/files, then one batch naming them all by
-     file_id: the batch body's size and its submission latency (not waited for).
+  3. time limit: a job with options.timeout_s 3 on work that needs minutes, then an ordinary one;
+  4. upload: --uploads scans through POST /v1/files, then one batch naming them all by
+     file_id: the batch body's size and its submission latency (not waited for);
+  5. wrong keys: 300 requests from this client with made-up keys (the statuses, the first 429).
 
 Prints one JSON object (also written to --out). Run it alone: it measures latency on a shared
 CPU, and its figures go to docs/benchmarks.md with this command.
@@ -201,6 +203,38 @@ def upload(svc: Service, schema_id: str, files: list[bytes], n: int) -> dict:
             "batch_total": r.json().get("total") if r.status_code == 202 else r.text[:300]}
 
 
+def time_limit(svc: Service, schema_id: str) -> dict:
+    """A job with options.timeout_s 3 on work that needs minutes (an array of 3000 integers, up to
+    8000 tokens), then an ordinary job: when and how the first ends, and that the second succeeds."""
+    long = {"type": "object", "properties": {"n": {"type": "array", "minItems": 3000, "items": {"type": "integer"}}},
+            "required": ["n"]}
+    t0 = time.perf_counter()
+    r = svc.http.post("/v1/extractions?wait=60", json={"schema": long, "document": "Count from 1 to 3000.",
+                                                      "options": {"timeout_s": 3, "max_tokens": 8000}})
+    job = r.json()
+    if r.status_code == 202:
+        job = poll_until_finished(svc.http, [job["id"]], time.monotonic() + 120, svc.children.check)[job["id"]]
+    ended_s = time.perf_counter() - t0
+    nxt = svc.run_one(schema_id, "Invoice 7 from ACME, total 12.50 EUR, 2024-02-03.", {"max_tokens": 64})
+    return {"status": job.get("status"), "error": job.get("error"), "ended_after_s": round(ended_s, 2),
+            "next_job": nxt.get("status")}
+
+
+def wrong_keys(base: str, n: int = 300) -> dict:
+    """n requests from one client, each with a different made-up key: the statuses, and the first 429."""
+    import uuid
+
+    import httpx
+
+    statuses = []
+    with httpx.Client(base_url=base, timeout=30) as http:
+        for _ in range(n):
+            statuses.append(http.get("/v1/schemas", headers={"authorization": f"Bearer ss_{uuid.uuid4().hex}"})
+                            .status_code)
+    first = next((i + 1 for i, st in enumerate(statuses) if st == 429), None)
+    return {"requests": n, "401": statuses.count(401), "429": statuses.count(429), "first_429_at": first}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m structspec.bench.flood", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=6)
@@ -221,8 +255,12 @@ def main(argv: list[str] | None = None) -> int:
             report["health_during_flood"] = probe.summary()
         say("hostile files")
         report["hostile"] = hostile(svc, schema_id)
+        say("a job past its time limit")
+        report["time_limit"] = time_limit(svc, schema_id)
         say("uploads")
         report["upload"] = upload(svc, schema_id, files, args.uploads)
+        say("wrong keys (last: the address is then refused for a while, this client included)")
+        report["wrong_keys"] = wrong_keys(svc.base)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
