@@ -28,10 +28,10 @@ import json
 import sys
 import threading
 import time
-import zlib
 from pathlib import Path
 
 from structspec.bench import percentile
+from structspec.bench.hostile import big_page_pdf, png_file
 from structspec.bench.load import Service, poll_until_finished
 from structspec.demo import ROOT
 
@@ -62,37 +62,6 @@ def scans(n: int, dpi: int = 300, seed: int = 0) -> list[bytes]:
         Image.fromarray(noisy).save(buf, "JPEG", quality=95, dpi=(dpi, dpi))
         out.append(buf.getvalue())
     return out
-
-
-def huge_page_pdf(inches: int = 200) -> bytes:
-    """A PDF of one page `inches` square with no text layer that fills a rectangle (a 'scan')."""
-    side = inches * 72
-    content = f"0.5 g 10 10 {side - 20} {side - 20} re f".encode()
-    objects = [b"<< /Type /Catalog /Pages 2 0 R >>",
-               b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-               f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 {side} {side}] /Contents 4 0 R >>".encode(),
-               b"<< /Length %d >>\nstream\n" % len(content) + content + b"\nendstream"]
-    out, offsets = bytearray(b"%PDF-1.4\n"), []
-    for n, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % n + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % o for o in offsets)
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
-    return bytes(out)
-
-
-def huge_png(side: int = 30_000) -> bytes:
-    """A valid PNG header of side x side pixels (greyscale) with a small compressed body: its
-    header alone says it is too large to decode."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
-
-    row = b"\x00" + bytes(side)
-    body = zlib.compress(row * 64, 9)  # a few rows: the file stays small, the header says 30k x 30k
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", side.to_bytes(4, "big") * 2 + b"\x08\x00\x00\x00\x00")
-            + chunk(b"IDAT", body) + chunk(b"IEND", b""))
 
 
 class HealthProbe:
@@ -160,20 +129,23 @@ def flood(svc: Service, schema_id: str, clients: int, per_client: int, files: li
             svc.children.check()
         lines = [json.loads(x) for x in svc.http.get(f"/v1/batches/{batch}/results").text.splitlines()]
         outcomes += [{"status": x["status"], "boxes": bool(x.get("boxes")),
+                      "spans_found": sum(v is not None for v in (x.get("spans") or {}).values()),
                       "error": (x.get("error") or "")[:160] or None} for x in lines]
     return {"clients": clients, "per_client": per_client, "file_mb": [round(len(f) / 2**20, 2) for f in files],
             "submissions": [{k: a[k] for k in ("status_code", "latency_s")} for a in answers],
             "max_submission_s": max(a["latency_s"] for a in answers),
             "entries": len(outcomes), "succeeded": sum(o["status"] == "succeeded" for o in outcomes),
             "succeeded_with_boxes": sum(o["status"] == "succeeded" and o["boxes"] for o in outcomes),
+            # a value gets a box where it is found in the document's text: none found, none to draw
+            "succeeded_no_value_found": sum(o["status"] == "succeeded" and not o["spans_found"] for o in outcomes),
             "failed": [o["error"] for o in outcomes if o["status"] == "failed"],
             "all_done_s": round(time.monotonic() - started, 1)}
 
 
 def hostile(svc: Service, schema_id: str) -> dict:
     out = {}
-    for name, data, kind in (("page_200_inches", huge_page_pdf(), "application/pdf"),
-                             ("png_30000", huge_png(), "image/png")):
+    for name, data, kind in (("page_200_inches", big_page_pdf(), "application/pdf"),
+                             ("png_30000", png_file(30_000, 30_000), "image/png")):
         t0 = time.perf_counter()
         r = svc.http.post("/v1/extractions?wait=60", json={"schema_id": schema_id, "media_type": kind,
                                                           "content": base64.b64encode(data).decode()})
@@ -215,9 +187,12 @@ def time_limit(svc: Service, schema_id: str) -> dict:
     if r.status_code == 202:
         job = poll_until_finished(svc.http, [job["id"]], time.monotonic() + 120, svc.children.check)[job["id"]]
     ended_s = time.perf_counter() - t0
-    nxt = svc.run_one(schema_id, "Invoice 7 from ACME, total 12.50 EUR, 2024-02-03.", {"max_tokens": 64})
+    total = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
+    r = svc.http.post("/v1/extractions?wait=60", json={"schema": total, "options": {"max_tokens": 32},
+                                                      "document": "Invoice 7 from ACME, total 12.50 EUR."})
+    nxt = r.json()
     return {"status": job.get("status"), "error": job.get("error"), "ended_after_s": round(ended_s, 2),
-            "next_job": nxt.get("status")}
+            "next_job": {k: nxt.get(k) for k in ("status", "result", "error")}}
 
 
 def wrong_keys(base: str, n: int = 300) -> dict:
