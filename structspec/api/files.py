@@ -28,7 +28,7 @@ Files = NamedDependency[FileService]
 
 # The body, for the document only: the handler reads the multipart stream itself (api/uploads.py).
 UPLOAD_BODY = RequestBody(required=True, content={"multipart/form-data": OpenAPIMediaType(schema=Schema(
-    type=OpenAPIType.OBJECT, required=["file"],
+    type=OpenAPIType.OBJECT, required=["file"], additional_properties=False,
     properties={"file": Schema(type=OpenAPIType.STRING, format="binary",
                                description="the document: a PDF, PNG, JPEG, TIFF or text file"),
                 "purpose": Schema(type=OpenAPIType.STRING, enum=[DOCUMENT], description="user_data (the default)")}))})
@@ -59,6 +59,10 @@ class FileController(Controller):
     async def upload(self, request: Request, state: State, files: Files) -> FileRead:
         upload = await read_upload(request, state.settings.max_file_bytes)
         try:
+            unknown = sorted(set(upload.fields) - {"purpose"})
+            if unknown:
+                raise ApiError(422, f"unknown multipart field {unknown[0]!r}; an upload has `file` and `purpose`",
+                               [ErrorItem(path=name, message="unknown field", source="body") for name in unknown])
             purpose = upload.fields.get("purpose", DOCUMENT)
             if purpose != DOCUMENT:
                 raise ApiError(422, f"purpose {purpose!r} is not served here: documents are uploaded with purpose "

@@ -185,7 +185,9 @@ def test_an_upload_over_max_file_bytes_is_413_and_stores_nothing(database_url, t
                                      415, "unsupported media type application/zip"),
                                     ({"files": {"file": ("e.pdf", b"", "application/pdf")}}, 400, "non-empty"),
                                     ({"data": {"purpose": "batch"}, "files": {"file": ("b.txt", b"x", "text/plain")}},
-                                     422, "purpose 'batch' is not served here")]:
+                                     422, "purpose 'batch' is not served here"),
+                                    ({"data": {"colour": "red"}, "files": {"file": ("b.txt", b"x", "text/plain")}},
+                                     422, "unknown multipart field 'colour'")]:
             err = assert_error(c.post("/v1/files", **bad), status)
             assert phrase in err["detail"], err
         assert_error(c.post("/v1/files", json={"file": "x"}), 415)

@@ -41,7 +41,10 @@ def test_an_error_code_defaults_to_its_status_and_is_one_of_the_defined_codes():
     assert IngestError(422, "x", code="file_encrypted").code == "file_encrypted"
     with pytest.raises(ValueError, match="unknown IngestError code 'nope'"):
         IngestError(422, "x", code="nope")
-    assert all(status in (413, 415, 422) and meaning for status, meaning in FILE_ERRORS.values())
+    # 404 only for an uploaded file gone before a worker read it (worker/ingest.py)
+    assert all(status in (413, 415, 422) and meaning for code, (status, meaning) in FILE_ERRORS.items()
+               if code != "file_missing")
+    assert FILE_ERRORS["file_missing"][0] == 404
     assert {"file_encrypted", "no_text_found", "ocr_unavailable", "read_timeout", "read_memory",
             "read_crashed"} <= set(FILE_ERRORS)
 
