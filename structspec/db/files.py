@@ -20,6 +20,7 @@ from structspec.db.columns import database_now
 from structspec.db.models import FilePartRecord, FileRecord
 
 PART_BYTES = 1 << 20  # 1 MiB: a 50 MB upload is 50 rows
+DOCUMENT_PURPOSE = "user_data"  # an uploaded document to extract from (OpenAI's purpose name for it)
 
 
 def new_id(prefix: str) -> str:

@@ -32,6 +32,7 @@ from structspec.api.structs import (BatchAccepted, BatchCreate, BatchPage, Batch
                                     JobOptions, JobPage, JobRead, JobStats, JobSummary, JobTimings, PageBox, Rejected)
 from structspec.config import Settings
 from structspec.db.columns import utcnow
+from structspec.db.files import DOCUMENT_PURPOSE
 from structspec.db.idempotency import IdempotencyRepository
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import DEFAULT_TENANT, TERMINAL_STATUSES, BatchRecord, JobRecord
@@ -46,7 +47,6 @@ log = logging.getLogger(__name__)
 RESULTS_PAGE = 500
 DOC_ID_CHARS = 200  # a batch document's id as stored (JSON text, jobs.doc_id)
 ENTRY_FIELDS = frozenset({"id", "document", "content", "file_id", "media_type"})  # of a batch entry
-FILE_PURPOSE = "user_data"  # an uploaded file read as a document (OpenAI's name for it)
 
 
 @dataclass(frozen=True)
@@ -157,9 +157,9 @@ class JobService:
         for file_id in file_ids:
             if file_id not in found:
                 problems[file_id] = f"no file with id {file_id}"
-            elif found[file_id] != FILE_PURPOSE:
+            elif found[file_id] != DOCUMENT_PURPOSE:
                 problems[file_id] = (f"file {file_id} has purpose {found[file_id]!r}; a document is uploaded with "
-                                     f"purpose {FILE_PURPOSE}")
+                                     f"purpose {DOCUMENT_PURPOSE}")
         return problems
 
     def _queue_one(self, schema_id: uuid.UUID, document: str | Submitted | ChatFiles, options: RequestOptions,

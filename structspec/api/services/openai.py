@@ -34,7 +34,7 @@ from structspec.api.uploads import Upload
 from structspec.db.columns import database_now
 from structspec.db.jobs import BatchRepository, JobRepository
 from structspec.db.models import TERMINAL_STATUSES, JobRecord, OpenAIBatchRecord
-from structspec.db.files import FileRepository
+from structspec.db.files import DOCUMENT_PURPOSE, FileRepository
 from structspec.db.openai_batches import OpenAIBatchRepository
 from structspec.engine.prompt import MessagesError, chat_messages as checked_messages, messages_text
 from structspec.ingest import IngestError, Limits
@@ -72,7 +72,7 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
 # --- files in messages --------------------------------------------------------------------------
 
 FILE_PART_TYPES = ("file", "image_url")
-INPUT_PURPOSE = "user_data"  # the purpose of an uploaded file that a message's file part names
+INPUT_PURPOSE = DOCUMENT_PURPOSE  # the purpose of an uploaded file that a message's file part names
 PURPOSES = ("batch", INPUT_PURPOSE)
 BLANK_LINE = {"type": "text", "text": "\n\n"}  # between a file's text and the parts beside it
 
