@@ -18,9 +18,10 @@ from litestar.response import Stream
 from structspec.api.auth import V1_SECURITY
 from structspec.api.errors import ApiError, ErrorItem
 from structspec.api.schemas import _errors
-from structspec.api.services.files import DOCUMENT, FileService
+from structspec.api.services.files import FileService
 from structspec.api.structs import FilePage, FileRead
 from structspec.api.uploads import read_upload
+from structspec.db.files import DOCUMENT_PURPOSE
 
 FileId = Annotated[str, PathParameter(description="file id (file-<hex>)")]
 Files = NamedDependency[FileService]
@@ -31,7 +32,7 @@ UPLOAD_BODY = RequestBody(required=True, content={"multipart/form-data": OpenAPI
     type=OpenAPIType.OBJECT, required=["file"], additional_properties=False,
     properties={"file": Schema(type=OpenAPIType.STRING, format="binary",
                                description="the document: a PDF, PNG, JPEG, TIFF or text file"),
-                "purpose": Schema(type=OpenAPIType.STRING, enum=[DOCUMENT], description="user_data (the default)")}))})
+                "purpose": Schema(type=OpenAPIType.STRING, enum=[DOCUMENT_PURPOSE], description="user_data (the default)")}))})
 
 
 @dataclass
@@ -63,10 +64,10 @@ class FileController(Controller):
             if unknown:
                 raise ApiError(422, f"unknown multipart field {unknown[0]!r}; an upload has `file` and `purpose`",
                                [ErrorItem(path=name, message="unknown field", source="body") for name in unknown])
-            purpose = upload.fields.get("purpose", DOCUMENT)
-            if purpose != DOCUMENT:
+            purpose = upload.fields.get("purpose", DOCUMENT_PURPOSE)
+            if purpose != DOCUMENT_PURPOSE:
                 raise ApiError(422, f"purpose {purpose!r} is not served here: documents are uploaded with purpose "
-                                    f"{DOCUMENT} (batch inputs in OpenAI's format go to /openai/v1/files)",
+                                    f"{DOCUMENT_PURPOSE} (batch inputs in OpenAI's format go to /openai/v1/files)",
                                [ErrorItem(path="purpose", message="not user_data", source="body")])
             if upload.file is None or upload.size == 0:
                 raise ApiError(400, "a non-empty multipart part `file` holding the document is required",

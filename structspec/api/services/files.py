@@ -12,12 +12,10 @@ from structspec.api.errors import ApiError, ErrorItem, NotFoundError
 from structspec.api.structs import FilePage, FileRead
 from structspec.api.uploads import Upload
 from structspec.config import Settings
-from structspec.db.files import DOCUMENT_PURPOSE, FileRepository
+from structspec.db.files import FileRepository
 from structspec.db.models import FileRecord
 
 log = logging.getLogger(__name__)
-
-DOCUMENT = DOCUMENT_PURPOSE
 
 
 def file_read(record: FileRecord) -> FileRead:

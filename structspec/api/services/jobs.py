@@ -169,19 +169,18 @@ class JobService:
         (deleted again if the broker is down); returns the answer {id, status} and whether it is
         a concurrent first submission's (`idem`)."""
         document = Submitted(text=document) if isinstance(document, str) else document
+        row = dict(tenant=self.tenant, schema_id=schema_id, messages=messages, options=options.as_dict(),
+                   stream=stream, **document.columns())
 
         def write(session: Session) -> dict[str, Any]:
-            [job_id] = JobRepository(session).add_many([dict(tenant=self.tenant, schema_id=schema_id,
-                                                             messages=messages, options=options.as_dict(),
-                                                             stream=stream, **document.columns())])
+            [job_id] = JobRepository(session).add_many([row])
             return {"id": str(job_id), "status": "queued"}
 
         answer, replayed = self.store_once(idem, write)
         if replayed:
             return answer, True
         job_id = uuid.UUID(answer["id"])
-        self.publish([] if document.to_read else [job_id], [job_id] if document.to_read else [],
-                     undo=lambda s: (JobRepository(s).delete_many([job_id]), self.forget(s, idem)),
+        self.publish([job_id], [row], undo=lambda s: (JobRepository(s).delete_many([job_id]), self.forget(s, idem)),
                      what={"job_id": job_id, "schema_id": schema_id})
         size = {"files_to_read": len(getattr(document, "files", [document]))} if document.to_read else \
             {"document_chars": len(document.text)}
@@ -340,13 +339,12 @@ class JobService:
         accepted = msgspec.convert(answer, BatchAccepted)
         if replayed:
             return accepted, True
-        reads = [i for i, row in zip(ids, rows) if row.get("phase") == "reading"]
-        self.publish([i for i, row in zip(ids, rows) if row.get("phase") is None], reads,
-                     undo=lambda s: (BatchRepository(s).delete(accepted.id), self.forget(s, idem)),
+        self.publish(ids, rows, undo=lambda s: (BatchRepository(s).delete(accepted.id), self.forget(s, idem)),
                      what={"batch_id": accepted.id, "schema_id": schema_id})
         log.info("batch submitted", extra={"batch_id": str(accepted.id), "schema_id": str(schema_id),
                                            "tenant": self.tenant, "strategy": options.strategy, "jobs": len(rows),
-                                           "files_to_read": len(reads), "rejected": len(rejected)})
+                                           "files_to_read": sum(r.get("phase") == "reading" for r in rows),
+                                           "rejected": len(rejected)})
         return accepted, False
 
     @staticmethod
@@ -629,12 +627,15 @@ class JobService:
                 f"document is {size} bytes; the limit is {limit} bytes (max_document_bytes)",
                 [ErrorItem(path=path, message=f"{size} bytes > {limit} bytes", source="body")])
 
-    def publish(self, ids: list[uuid.UUID], reads: list[uuid.UUID], undo, what: dict[str, Any]) -> None:
-        """Send the stored jobs `ids` to the model's queue and `reads` (their file to read first) to
-        the ingest queue; if that fails, run `undo` (it deletes what was stored) and answer 503, so
-        that nothing is left queued that no worker will see."""
+    def publish(self, ids: list[uuid.UUID], rows: list[dict[str, Any]], undo, what: dict[str, Any]) -> None:
+        """Send the stored jobs `ids` (their `rows` as stored, in the same order) to the broker: to
+        the ingest queue those whose file is to be read first (phase "reading"), the others to the
+        model's queue; if that fails, run `undo` (it deletes what was stored) and answer 503, so that
+        nothing is left queued that no worker will see."""
         from worker.app import enqueue, enqueue_reads
 
+        reads = [i for i, row in zip(ids, rows, strict=True) if row.get("phase") == "reading"]
+        ids = [i for i, row in zip(ids, rows) if row.get("phase") != "reading"]
         try:
             if reads:
                 enqueue_reads(self.publisher, reads)

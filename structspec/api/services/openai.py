@@ -72,8 +72,7 @@ def chat_messages(raw: Any) -> list[dict[str, str]]:
 # --- files in messages --------------------------------------------------------------------------
 
 FILE_PART_TYPES = ("file", "image_url")
-INPUT_PURPOSE = DOCUMENT_PURPOSE  # the purpose of an uploaded file that a message's file part names
-PURPOSES = ("batch", INPUT_PURPOSE)
+PURPOSES = ("batch", DOCUMENT_PURPOSE)
 BLANK_LINE = {"type": "text", "text": "\n\n"}  # between a file's text and the parts beside it
 
 
@@ -139,9 +138,9 @@ def _file_of(part: dict[str, Any], where: str, files: Callable[[str], Any], limi
     record = files(spec["file_id"]) if isinstance(spec["file_id"], str) else None
     if record is None:
         raise bad_request(f"{where}: no file with id {spec['file_id']}", f"{where}.file.file_id")
-    if record.purpose != INPUT_PURPOSE:
+    if record.purpose != DOCUMENT_PURPOSE:
         raise bad_request(f"{where}: file {record.id} has purpose {record.purpose!r}; a file read as a document is "
-                          f"uploaded with purpose {INPUT_PURPOSE}", f"{where}.file.file_id")
+                          f"uploaded with purpose {DOCUMENT_PURPOSE}", f"{where}.file.file_id")
     return Submitted(file_id=record.id, media_type=record.media_type, name=name or record.filename)
 
 
@@ -443,13 +442,13 @@ class OpenAIBatchService:
         upload labels it with, else its name's extension); a batch input is JSONL text (no NUL)."""
         if purpose not in PURPOSES:
             raise bad_request(f"purpose {purpose!r} is not served: files here are batch inputs (purpose batch) or "
-                              f"documents named by a message's file part (purpose {INPUT_PURPOSE})", "purpose")
+                              f"documents named by a message's file part (purpose {DOCUMENT_PURPOSE})", "purpose")
         if upload.size == 0 or (upload.size < 4096 and not upload.file.read().strip()):
             raise bad_request("the file is empty", "file")
         upload.file.seek(0)
         files = FileService(self.session_factory, self.settings, self.tenant)
         kind = None
-        if purpose == INPUT_PURPOSE:
+        if purpose == DOCUMENT_PURPOSE:
             try:
                 kind = files.check_document(upload)
             except ApiError as e:
@@ -529,8 +528,7 @@ class OpenAIBatchService:
         answer, replayed = self.jobs.store_once(idem, write)
         record_id, batch_id = answer["id"], stored.get("batch_id")
         if rows and not replayed:
-            reading = [i for i, row in zip(stored["ids"], rows) if row.get("phase") == "reading"]
-            self.jobs.publish([i for i in stored["ids"] if i not in reading], reading,
+            self.jobs.publish(stored["ids"], rows,
                               undo=lambda s: (_delete(s, record_id, batch_id), self.jobs.forget(s, idem)),
                               what={"openai_batch_id": record_id, "batch_id": batch_id})
         return self.get(record_id), replayed
