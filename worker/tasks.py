@@ -144,6 +144,7 @@ class _Process:
         """In a prefork child: nothing of the parent's threads or connections is used."""
         self._lock = threading.Lock()
         self._loop = self._submissions = self._sessions = None
+        HISTORIES_SEEDED.clear()  # this child's engine is its own copy: built from the database again
         if self.torch_threads:
             import torch
 
@@ -153,6 +154,30 @@ class _Process:
 
 PROCESS = _Process()
 IN_FLIGHT = InFlight()  # this process's auto jobs chosen but not recorded yet (probes spread over a batch)
+SEED_OUTPUTS = 256  # a schema's latest succeeded outputs the suffix proposer starts from in a new process
+
+
+class _FirstSeen:
+    """Keys seen by this process (thread-safe): the suffix memory of a schema is built from the
+    database once per process, by its first job (worker/tasks.py: start_job)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[str] = set()
+
+    def first(self, key: str) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            return True
+
+    def clear(self) -> None:
+        with self._lock:
+            self._seen.clear()
+
+
+HISTORIES_SEEDED = _FirstSeen()
 
 
 def prepare_model(settings: Settings, processes: int = 0) -> None:
@@ -351,6 +376,10 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
         repo.mark_started(job_id, token)
         schema = SchemaRepository(session).get(job.schema_id, include_deleted=True).body
         document, messages, schema_id, created_at = job.document, job.messages, job.schema_id, job.created_at
+        history = f"{job.tenant}/{schema_id}"  # the suffix proposer's memory: this tenant's, this schema version's
+        history_seed = None
+        if settings.engine_suffix_mb > 0 and HISTORIES_SEEDED.first(history):
+            history_seed = repo.recent_outputs(job.tenant, schema_id, SEED_OUTPUTS)
         stream = job.stream
         fields = {"job_id": str(job_id), "schema_id": str(schema_id)}
         if job.batch_id is not None:
@@ -389,7 +418,7 @@ def start_job(sessions, settings: Settings, job_id: uuid.UUID, token: str) -> St
     # a chat job keeps its output text as generated (worker/progress.py): the reply's content
     pieces = Pieces() if messages is not None else None
     request = Request(schema, document, opts, id=str(job_id), acceptance=acceptance, isolate=attempt > 1,
-                      messages=messages, on_output=pieces)
+                      messages=messages, on_output=pieces, history=history, history_seed=history_seed)
     if pieces is not None and stream:
         PROGRESS.watch(sessions, job_id, token, pieces)
     in_flight = (schema_id, verbatim, opts.strategy) if auto else None
@@ -475,8 +504,11 @@ def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any] | None:
         return {"status": "failed", "error": res.error}
     stats = res.stats.as_dict()
     if res.status == "succeeded":
+        # the text as the model wrote it (the suffix proposer's memory after a restart); a merge of
+        # chunks was not written by the model in one piece
+        output = res.text if res.stats.stop_reason != "chunks" else None
         return {"status": "succeeded", "result": res.value, "stats": stats, "spans": res.spans,
-                "confidence": res.confidence}
+                "confidence": res.confidence, "output": output}
     return {"status": "failed", "error": f"{res.status}: {res.error}", "stats": stats}
 
 

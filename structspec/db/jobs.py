@@ -207,11 +207,12 @@ class JobRepository:
     def store(self, job_id: uuid.UUID, token: str, *, status: str, result: Any = None,
               error: str | None = None, stats: dict[str, Any] | None = None,
               partial: list[str] | None = None, spans: dict[str, Any] | None = None,
-              confidence: dict[str, Any] | None = None) -> bool:
+              confidence: dict[str, Any] | None = None, output: str | None = None) -> bool:
         """Finish a held job; False (nothing written) when the lease was lost or it was cancelled.
-        `partial`: a chat job's output text, piece by piece (worker/progress.py)."""
+        `partial`: a chat job's output text, piece by piece (worker/progress.py); `output`: a
+        succeeded job's text as the model wrote it (recent_outputs)."""
         values: dict[str, Any] = dict(status=status, result=result, error=error, stats=stats, spans=spans,
-                                      confidence=confidence,
+                                      confidence=confidence, output=output,
                                       finished_at=database_now(self.session), lease_until=None,
                                       completions=J.completions + 1)
         if stats:
@@ -222,6 +223,15 @@ class JobRepository:
         return self.session.execute(
             sa.update(JobRecord).where(J.id == job_id, J.lease_owner == token, J.status == "running")
             .values(**values).execution_options(synchronize_session=False)).rowcount == 1
+
+    def recent_outputs(self, tenant: str, schema_id: uuid.UUID, limit: int) -> list[str]:
+        """The output texts of the tenant's latest `limit` succeeded jobs of one schema version,
+        oldest first (a worker rebuilds the suffix proposer's memory from them)."""
+        rows = self.session.scalars(
+            sa.select(J.output).where(J.schema_id == schema_id, J.tenant == tenant, J.status == "succeeded",
+                                      J.output.is_not(None))
+            .order_by(J.finished_at.desc()).limit(limit))
+        return list(rows)[::-1]
 
     def write_partial(self, job_id: uuid.UUID, token: str, pieces: list[str]) -> bool:
         """The output so far of a running streamed job (only by its lease owner)."""

@@ -118,6 +118,7 @@ class JobRecord(Base):
         sa.Index("ix_jobs_status_lease_until", "status", "lease_until"),
         sa.Index("ix_jobs_finished_at", "finished_at"),  # retention (worker/retention.py)
         sa.Index("ix_jobs_tenant_created_at", "tenant", "created_at"),  # GET /v1/extractions
+        sa.Index("ix_jobs_schema_id_finished_at", "schema_id", "finished_at"),  # JobRepository.recent_outputs
     )
 
     id: Mapped[uuid.UUID] = mapped_column(sa.Uuid, primary_key=True, default=uuid.uuid4)
@@ -154,6 +155,8 @@ class JobRecord(Base):
     options: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     status: Mapped[str] = mapped_column(sa.String(16), default="queued")
     result: Mapped[Any | None] = mapped_column(sa.JSON, nullable=True)
+    # a succeeded job's output text as the model wrote it (the suffix proposer's memory; migration 0017)
+    output: Mapped[str | None] = mapped_column(sa.Text, nullable=True, default=None)
     error: Mapped[str | None] = mapped_column(sa.Text, nullable=True)
     stats: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON, nullable=True)
     # a succeeded result's grounding by JSON Pointer (engine/grounding.py): each string's

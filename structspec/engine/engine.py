@@ -30,7 +30,7 @@ from structspec.engine.cost import EXPLORE_EVERY, PassCostCurve, choose_draft_le
 from structspec.engine.kv_cache import KVCache
 from structspec.engine.model import LoadedModel, load_model
 from structspec.engine.prompt import build_chat_prompt, build_prompt
-from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
+from structspec.engine.proposers import DocumentIndex, DraftContext, History, SuffixStore, make_proposer
 from structspec.engine.packed import PackedLinear, native_linear, pack_linears, unpack_linears
 from structspec.engine.runner import make_runner
 from structspec.engine.scheduler import RequestTooLarge, Scheduler
@@ -118,6 +118,9 @@ class Engine:
         self.cost = PassCostCurve(prior_fixed_s=settings.stats_prior_pass_ms / 1000.0,
                                   prior_row_s=settings.stats_prior_pass_ms / 1000.0 * 0.2)
         self.metrics = EngineMetrics()
+        # earlier outputs per Request.history (the suffix proposer); None: that memory is off
+        self.histories = (SuffixStore(settings.engine_suffix_mb * MiB, settings.engine_suffix_schema_tokens)
+                          if settings.engine_suffix_mb > 0 else None)
         # True: synchronise CUDA after each forward pass, so metrics.forward_s is the pass itself
         # rather than its launch (costs the overlap; benchmarks that split a step set it)
         self.sync_timing = False
@@ -208,7 +211,7 @@ class Engine:
             # No seed: draw one from the OS (torch.seed() would reseed the global RNG).
             generator.manual_seed(opts.seed if opts.seed is not None else secrets.randbits(63))
         ctx = DraftContext(matcher=matcher, output_text="", document=DocumentIndex(document),
-                           tokens=self.token_text, verbatim=verbatim)
+                           tokens=self.token_text, verbatim=verbatim, history=self._history(request))
         # A request that reuses its prompt (benchmarks: one document under many strategies) keeps
         # its whole prompt in the prefix cache; the others share instruction + schema.
         if request.reuse_prompt:
@@ -221,6 +224,15 @@ class Engine:
                        loop_counting=self.settings.engine_loop_counting)
         self.scheduler.add(seq)
         return request.id
+
+    def _history(self, request: Request) -> History | None:
+        """The earlier outputs `request` drafts from, built from its seed while it holds none."""
+        if self.histories is None or request.history is None:
+            return None
+        if request.history_seed and self.histories.get(request.history).outputs == 0:
+            for text in request.history_seed:
+                self.histories.learn(request.history, self.token_text.encode(text), text)
+        return self.histories.get(request.history)
 
     def _shared_prefix_len(self, schema: dict, prompt: list[int]) -> int:
         """Leading prompt tokens that every document of `schema` shares (instruction + schema):
@@ -504,6 +516,8 @@ class Engine:
         if problems:
             detail = "; ".join(f"{p.path or '/'} [{p.keyword}]: {p.message}" for p in problems[:5])
             return ExtractResult("invalid", None, error=f"output violates the schema: {detail}", **base)
+        if self.histories is not None and seq.request.history is not None:
+            self.histories.learn(seq.request.history, list(seq.out), text)
         confidence = None
         if self.confidence:
             confidence = confidences(text, [self.token_text.bytes_of([t]) for t in seq.out], seq.probs)

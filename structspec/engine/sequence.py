@@ -48,6 +48,13 @@ class Request:
     # its arrival plus options.timeout_s unless given; the chunks of one document carry their
     # document's (services/chunks.py), so the limit holds for the whole document
     deadline: float | None = None
+    # whose earlier outputs this request drafts from and, once it succeeds, adds to (the suffix
+    # proposer, engine/proposers/suffix.py): the worker names the tenant and schema version, so
+    # that no tenant's outputs draft another's; None: it neither drafts from nor adds to any
+    history: str | None = None
+    # output texts (oldest first) to build that memory from if this engine holds none for it yet
+    # (a worker that just started: the schema's latest succeeded jobs)
+    history_seed: Seq[str] | None = None
 
 
 @dataclass
@@ -166,6 +173,7 @@ class Sequence:
         self.cached = 0  # prompt/output tokens whose KV is in the slot
         self.last = prompt[-1]  # the token the next decode step feeds
         self.out: list[int] = []
+        ctx.output_tokens = self.out  # the suffix proposer matches the output's token tail
         self.out_bytes = bytearray()
         self.margins: list[float] | None = [] if request.trace else None
         self.tops: list[float] | None = [] if request.trace else None

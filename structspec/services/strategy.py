@@ -17,12 +17,14 @@ from structspec.config import Settings
 from structspec.db.stats import StatsRepository
 from structspec.options import AUTO, RequestOptions
 from structspec.stats.aggregate import mode_views
-from structspec.stats.selector import Choice, Selector, SelectorConfig
+from structspec.stats.selector import PROPOSING, Choice, Selector, SelectorConfig
 
 
 def selector_config(settings: Settings) -> SelectorConfig:
     lens = tuple(sorted({int(x) for x in settings.stats_draft_lens.split(",") if x.strip()}))
-    return SelectorConfig(draft_lens=lens or SelectorConfig.draft_lens,
+    # without the suffix proposer's memory (engine_suffix_mb 0) `suffix` drafts nothing: never chosen
+    strategies = tuple(s for s in PROPOSING if s != "suffix" or settings.engine_suffix_mb > 0)
+    return SelectorConfig(strategies=strategies, draft_lens=lens or SelectorConfig.draft_lens,
                           prior_pass_s=settings.stats_prior_pass_ms / 1000.0)
 
 

@@ -38,7 +38,7 @@ from typing import Iterable, Mapping, Sequence
 
 from structspec.stats.aggregate import ArmView
 
-PROPOSING = ("schema", "ngram", "composite")
+PROPOSING = ("schema", "ngram", "suffix", "composite")
 
 
 @dataclass(frozen=True)

@@ -581,7 +581,7 @@ def test_submit_errors_are_4xx_in_the_error_shape(stack):
     err = assert_error(c.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "d",
                                                        "options": {"strategy": "psychic"}}), 422)
     assert err["errors"][0]["path"] == "/options/strategy"
-    assert err["errors"][0]["message"] == "strategy must be one of auto, none, schema, ngram, composite, not 'psychic'"
+    assert err["errors"][0]["message"] == "strategy must be one of auto, none, schema, ngram, suffix, composite, not 'psychic'"
     err = assert_error(c.post("/v1/extractions", json={"schema": {"type": "strin"}, "document": "d"}), 422)
     assert err["errors"][0]["source"] == "schema" and err["errors"][0]["path"] == "/type"
     assert_error(c.post("/v1/extractions", json={"document": "d"}), 422)

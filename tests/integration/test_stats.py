@@ -209,7 +209,7 @@ def test_stats_errors_are_4xx(client, schema_id):
     assert_error(client.get("/v1/schemas/not-a-uuid/stats"), 404)
     body = assert_error(client.put(f"/v1/schemas/{schema_id}/strategy", json={"strategy": "bogus"}), 422)
     assert body["errors"][0]["path"] == "/strategy"
-    assert body["errors"][0]["message"] == "strategy must be one of none, schema, ngram, composite, not 'bogus'"
+    assert body["errors"][0]["message"] == "strategy must be one of none, schema, ngram, suffix, composite, not 'bogus'"
     body = assert_error(client.put(f"/v1/schemas/{schema_id}/strategy", json={"strategy": "ngram", "draft_len": 99}),
                         422)
     assert body["errors"][0]["path"] == "/draft_len"
@@ -229,7 +229,7 @@ def test_job_options_default_to_auto_and_reject_unknown_strategies(client, schem
     body = assert_error(client.post("/v1/extractions", json={"schema_id": schema_id, "document": "x",
                                                              "options": {"strategy": "fastest"}}), 422)
     assert body["errors"][0]["path"] == "/options/strategy"
-    assert body["errors"][0]["message"] == "strategy must be one of auto, none, schema, ngram, composite, not 'fastest'"
+    assert body["errors"][0]["message"] == "strategy must be one of auto, none, schema, ngram, suffix, composite, not 'fastest'"
 
 
 def test_concurrent_writers_add_exactly(client, sessions, schema_id):

@@ -47,7 +47,7 @@ def test_bounds_are_inclusive_and_a_value_outside_names_the_option(name):
 def test_exact_messages_for_each_kind_of_bad_value():
     cases = [
         (RequestOptions(strategy="psychic"), "strategy",
-         "strategy must be one of auto, none, schema, ngram, composite, not 'psychic'"),
+         "strategy must be one of auto, none, schema, ngram, suffix, composite, not 'psychic'"),
         (RequestOptions(draft_len=99), "draft_len", "draft_len must be between 0 and 64, not 99"),
         (RequestOptions(draft_len=2.5), "draft_len", "draft_len must be an integer, not 2.5"),
         (RequestOptions(max_tokens=True), "max_tokens", "max_tokens must be an integer, not True"),
@@ -99,7 +99,7 @@ def test_concrete_refuses_auto_and_unset_draft_len_max_tokens_or_timeout():
     full = RequestOptions(strategy="ngram", draft_len=4, max_tokens=64, timeout_s=30)
     assert full.check(concrete=True) is full
     e = error_of(full.replace(strategy=AUTO), concrete=True)
-    assert (e.option, str(e)) == ("strategy", "strategy must be one of none, schema, ngram, composite, not 'auto'")
+    assert (e.option, str(e)) == ("strategy", "strategy must be one of none, schema, ngram, suffix, composite, not 'auto'")
     e = error_of(full.replace(draft_len=None), concrete=True)
     assert (e.option, str(e)) == ("draft_len", "draft_len must be set")
     e = error_of(full.replace(max_tokens=None), concrete=True)

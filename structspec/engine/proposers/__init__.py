@@ -6,6 +6,7 @@ from structspec.engine.proposers.base import DocumentIndex, DraftContext, Propos
 from structspec.engine.proposers.composite import CompositeProposer
 from structspec.engine.proposers.ngram import NgramProposer
 from structspec.engine.proposers.schema import SchemaProposer
+from structspec.engine.proposers.suffix import History, SuffixProposer, SuffixStore
 from structspec.options import STRATEGIES
 
 
@@ -17,7 +18,7 @@ class NoProposer:
 
 
 PROPOSERS = {"none": NoProposer, "schema": SchemaProposer, "ngram": NgramProposer,
-             "composite": CompositeProposer}
+             "suffix": SuffixProposer, "composite": CompositeProposer}
 assert tuple(PROPOSERS) == STRATEGIES, "structspec/options.py names the strategies this package implements"
 
 
@@ -28,4 +29,5 @@ def make_proposer(strategy: str) -> Proposer:
         raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(PROPOSERS)}") from None
 
 
-__all__ = ["DocumentIndex", "DraftContext", "Proposer", "PROPOSERS", "STRATEGIES", "make_proposer"]
+__all__ = ["DocumentIndex", "DraftContext", "Proposer", "PROPOSERS", "STRATEGIES", "History", "SuffixStore",
+           "make_proposer"]

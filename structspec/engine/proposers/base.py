@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
 
 from structspec.engine.tokens import TokenText
 from structspec.grammar import Matcher
+
+if TYPE_CHECKING:
+    from structspec.engine.proposers.suffix import History
 
 
 def longest_suffix_match(haystack: str, tail: str, lo: int, hi: int) -> tuple[int, int]:
@@ -46,14 +49,19 @@ class DocumentIndex:
 
     def continuation(self, tail: str, n_chars: int) -> str:
         """Up to `n_chars` of text likely to follow `tail` ("" when nothing matches)."""
+        return self.lookup(tail, n_chars)[1]
+
+    def lookup(self, tail: str, n_chars: int) -> tuple[int, str]:
+        """(characters of `tail` matched, up to `n_chars` of what followed them); (0, "") when
+        nothing matches. The document's match wins a tie with the output's own."""
         doc_len, doc_end = longest_suffix_match(self.text, tail, self.min_match, self.max_match)
         # An earlier occurrence in the output: search all but the last character.
         out_len, out_end = longest_suffix_match(tail[:-1], tail, self.min_match, self.max_match)
         if doc_len and doc_len >= out_len:
-            return self.text[doc_end:doc_end + n_chars]
+            return doc_len, self.text[doc_end:doc_end + n_chars]
         if out_len:
-            return tail[out_end:out_end + n_chars]
-        return ""
+            return out_len, tail[out_end:out_end + n_chars]
+        return 0, ""
 
     def spans(self, value: str, n_chars: int, after: int = 0, limit: int = 4) -> list[str]:
         """Distinct continuations (up to `n_chars` each) of `value` at the places it occurs
@@ -91,41 +99,126 @@ class StringState:
     previous: str  # escaped content of the last complete string value before that ("" if none)
 
 
+STRING_HOLE, NUMBER_HOLE = "\x01", "\x02"  # a string value's content, a number, in a layout
+LAYOUT_KEPT = 64  # characters of the layout a JsonScan keeps (the suffix proposer matches 32)
+NUMBER_CHARS = frozenset("0123456789.-+eE")
+
+
+class JsonScan:
+    """An incremental scan of a JSON prefix (grammar-valid, so well formed so far): where it
+    stands relative to strings, and the end of its layout, the same text with each string
+    value's content as STRING_HOLE and each number as NUMBER_HOLE (keys, punctuation,
+    whitespace and literals kept). `feed` appends text; `copy` forks the scan, so a proposer
+    scans a sequence's output once and only its draft after that."""
+
+    __slots__ = ("stack", "expect_key", "in_string", "escaped", "is_value", "in_number", "value", "previous",
+                 "layout", "layout_len")
+
+    def __init__(self) -> None:
+        self.stack: list[str] = []  # "{" / "["
+        self.expect_key = False  # inside an object, before the next ":"
+        self.in_string = self.escaped = self.is_value = self.in_number = False
+        self.value: list[str] = []  # the content so far of the string value being scanned
+        self.previous = ""  # the last complete string value
+        self.layout = ""  # its last LAYOUT_KEPT characters
+        self.layout_len = 0
+
+    def copy(self) -> "JsonScan":
+        other = JsonScan.__new__(JsonScan)
+        for name in JsonScan.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.stack, other.value = list(self.stack), list(self.value)
+        return other
+
+    @property
+    def state(self) -> StringState:
+        return StringState(value="".join(self.value) if self.in_string and self.is_value else None,
+                           previous=self.previous)
+
+    def feed(self, text: str) -> "JsonScan":
+        out: list[str] = []
+        for ch in text:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                    out.append(ch)
+                    if self.is_value and self.value:
+                        self.previous = "".join(self.value)
+                    continue
+                if self.is_value:
+                    self.value.append(ch)
+                else:
+                    out.append(ch)
+                continue
+            if self.in_number:
+                if ch in NUMBER_CHARS:
+                    continue
+                self.in_number = False
+            if ch == '"':
+                self.in_string = True
+                self.is_value = not (self.stack and self.stack[-1] == "{" and self.expect_key)
+                out.append(ch)
+                if self.is_value:
+                    self.value = []
+                    out.append(STRING_HOLE)
+                continue
+            if ch == "-" or ch.isdigit() and ch.isascii():
+                self.in_number = True
+                out.append(NUMBER_HOLE)
+                continue
+            if ch in "{[":
+                self.stack.append(ch)
+                self.expect_key = ch == "{"
+            elif ch in "}]":
+                if self.stack:
+                    self.stack.pop()
+                self.expect_key = False
+            elif ch == ",":
+                self.expect_key = bool(self.stack) and self.stack[-1] == "{"
+            elif ch == ":":
+                self.expect_key = False
+            out.append(ch)
+        if out:
+            added = "".join(out)
+            self.layout = (self.layout + added)[-LAYOUT_KEPT:]
+            self.layout_len += len(added)
+        return self
+
+
 def string_state(text: str) -> StringState:
     """Scan the JSON prefix `text` (grammar-valid, so well formed so far)."""
-    stack: list[str] = []  # "{" / "["
-    expect_key = False  # inside an object, before the next ":"
-    in_string = escaped = False
-    start = 0
-    is_value = False
-    previous = ""
-    for i, ch in enumerate(text):
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-                if is_value and i > start:
-                    previous = text[start:i]
-            continue
-        if ch == '"':
-            in_string, start = True, i + 1
-            is_value = not (stack and stack[-1] == "{" and expect_key)
-        elif ch in "{[":
-            stack.append(ch)
-            expect_key = ch == "{"
-        elif ch in "}]":
-            if stack:
-                stack.pop()
-            expect_key = False
-        elif ch == ",":
-            expect_key = bool(stack) and stack[-1] == "{"
-        elif ch == ":":
-            expect_key = False
-    value = text[start:] if in_string and is_value else None
-    return StringState(value=value, previous=previous)
+    return JsonScan().feed(text).state
+
+
+def layout(text: str) -> str:
+    """The layout of `text` (JSON, or the start of it; JsonScan), whole."""
+    scan = JsonScan()
+    out = []
+    for i in range(0, len(text), LAYOUT_KEPT // 2):  # feed in pieces: the scan keeps only the end
+        before = scan.layout_len
+        scan.feed(text[i:i + LAYOUT_KEPT // 2])
+        out.append(scan.layout[len(scan.layout) - (scan.layout_len - before):] if scan.layout_len > before else "")
+    return "".join(out)
+
+
+def scan_of(ctx: "DraftContext", tail: str) -> JsonScan:
+    """A scan of `tail` (the output so far, then a draft's text): the output's scan is kept in
+    `ctx` and extended as the output grows; only the rest is scanned again."""
+    out = ctx.output_text.rstrip("\ufffd")  # a partial UTF-8 character at the end may still change
+    prefix, scan = ctx.scanned
+    if not out.startswith(prefix):
+        prefix, scan = "", JsonScan()
+    if len(out) > len(prefix):
+        scan = scan.copy().feed(out[len(prefix):])
+        prefix = out
+        ctx.scanned = (prefix, scan)
+    if not tail.startswith(prefix):
+        return JsonScan().feed(tail)
+    return scan.copy().feed(tail[len(prefix):])
 
 
 def consume_valid_prefix(matcher: Matcher, tokens: list[int]) -> list[int]:
@@ -145,6 +238,9 @@ class DraftContext:
     document: DocumentIndex
     tokens: TokenText
     verbatim: bool = False  # some string values of the grammar can only be document spans
+    output_tokens: list[int] = field(default_factory=list)  # the tokens generated so far (the sequence's own list)
+    history: "History | None" = None  # earlier outputs of this schema and tenant (suffix.py), if kept
+    scanned: tuple[str, JsonScan] = field(default_factory=lambda: ("", JsonScan()))  # scan_of's: the output's
 
 
 class Proposer(Protocol):

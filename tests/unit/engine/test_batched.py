@@ -195,6 +195,7 @@ def compare_batched(loaded, requests: list[Request], eps: float, monkeypatch, la
     references.tap = tap = LogitTap(monkeypatch)
     refs = [references(r.schema, r.document, r.options) for r in requests]
     tap.recording = False
+    remember_own_output(requests, refs)
     engine = batched_engine(loaded, **engine_settings)
     for r in requests:
         tap.doc_of[r.id] = doc_key(r.schema, r.document, r.options)
@@ -207,9 +208,18 @@ def compare_batched(loaded, requests: list[Request], eps: float, monkeypatch, la
     return Comparison(refs, results, tally, tap)
 
 
+def remember_own_output(requests: list[Request], refs: list) -> None:
+    """Requests that draft from earlier outputs (suffix, composite) and name none get a memory of
+    their own reference's output (Request.history_seed): drafts the model then mostly accepts,
+    in the same batch as others' rejected ones."""
+    for r, ref in zip(requests, refs):
+        if r.options.strategy in ("suffix", "composite") and r.history is None and ref.text:
+            r.history, r.history_seed = f"own-{r.id}", [ref.text]
+
+
 # --- 1 + 3: many documents, joining and leaving -------------------------------------------
 
-STRATEGY_CYCLE = ("none", "schema", "ngram", "composite")
+STRATEGY_CYCLE = ("none", "schema", "ngram", "suffix", "composite")
 DRAFT_LENS = (8, 4, 16, 2, 6)
 ACCEPTANCE = (0.9, 0.75, 0.6, 0.5)  # a curve whose marginal gains fall below a batch's row cost
 ROOM = 160  # max_tokens of the requests that should finish (the longest needs ~110 tokens)
@@ -268,6 +278,12 @@ def test_batched_matches_one_at_a_time_on_52_documents(tiny_normal_loaded, refer
     finally:
         references.tap = None
     tap.recording = False
+    # half of those drafting from earlier outputs share one memory, which the batch's first
+    # finished documents teach the others while they run; the rest remember their own output
+    for i, r in enumerate(requests):
+        if r.options.strategy in ("suffix", "composite") and i % 2 == 0:
+            r.history = "shared"
+    remember_own_output(requests, refs)
     engine = batched_engine(tiny_normal_loaded, engine_max_seqs=12, engine_prefill_chunk=384)
     log = StepLog(engine)
     for r in requests:
@@ -305,9 +321,11 @@ def test_batched_matches_one_at_a_time_on_52_documents(tiny_normal_loaded, refer
     assert log.max_running == 12 and log.mixed_steps > 0
     assert any(k < cap for cap, k in log.adaptive) and any(k > 0 for _, k in log.adaptive), log.adaptive[:50]
     # Drafts were accepted, so the comparison covers speculative steps, not only corrections.
-    for strategy in ("schema", "ngram", "composite"):
+    for strategy in ("schema", "ngram", "suffix", "composite"):
         accepted = sum(res.stats.accepted for r, res in zip(requests, results) if r.options.strategy == strategy)
         assert accepted > 0, strategy
+    assert engine.histories.get("shared").outputs == sum(
+        res.status == "succeeded" for r, res in zip(requests, results) if r.history == "shared")
     # Not truncated against truncated: most documents finish in both runs; the short ones stop
     # at max_tokens.
     room = [i for i, s in enumerate(short) if not s]
@@ -328,7 +346,7 @@ def test_default_model_batched_matches_one_at_a_time(default_engine, monkeypatch
     requests = []
     for i, row in enumerate(rows):
         schema = bounded(row["schema"])
-        for j, strategy in enumerate(("schema", "ngram", "composite")):
+        for j, strategy in enumerate(("schema", "ngram", "suffix", "composite")):
             adaptive = (i + j) % 2 == 0
             # the three requests of a document share its prompt: one computes it, two copy it
             requests.append(Request(schema, row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=192),
@@ -337,7 +355,7 @@ def test_default_model_batched_matches_one_at_a_time(default_engine, monkeypatch
     tally, tap, refs, results, noise = c.tally, c.tap, c.refs, c.results, c.noise
     gaps = sorted(g for ref in refs for g in ref.margins)
     (done_ref, done_batched), n = c.finished(), len(requests)
-    print(f"\n{DEFAULT_MODEL_DOCS} documents x 3 strategies, default model: {tally}; reference gaps below EPS: "
+    print(f"\n{DEFAULT_MODEL_DOCS} documents x 4 strategies, default model: {tally}; reference gaps below EPS: "
           f"{sum(g < tally.eps for g in gaps)} of {len(gaps)} (smallest {gaps[0]:.3g}); {noise}; "
           f"finished: one at a time {done_ref}/{n}, batched {done_batched}/{n}")
     assert tap.compared > 200 and 2 * tap.max_diff <= tally.eps / 2, noise

@@ -112,9 +112,9 @@ def tiny_normal_bf16(tiny_normal_loaded):
 
 def test_bf16_batched_matches_one_at_a_time_except_at_near_ties(tiny_normal_bf16, monkeypatch):
     rows = deepjsoneval_rows(DOCS)
-    strategies = ("none", "schema", "ngram", "composite")
+    strategies = ("none", "schema", "ngram", "suffix", "composite")
     requests = [Request(bounded(row["schema"]), row["text"],
-                        options(strategies[i % 4], DRAFT_LENS[i % len(DRAFT_LENS)], max_tokens=160))
+                        options(strategies[i % 5], DRAFT_LENS[i % len(DRAFT_LENS)], max_tokens=160))
                 for i, row in enumerate(rows)]
     c = compare_batched(tiny_normal_bf16, requests, BF16_EPS, monkeypatch, "bf16", engine_max_seqs=8)
     tap, noise = c.tap, c.noise
@@ -126,7 +126,7 @@ def test_bf16_batched_matches_one_at_a_time_except_at_near_ties(tiny_normal_bf16
     assert next(tiny_normal_bf16.model.parameters()).dtype == torch.bfloat16
     # the threshold is honest: a divergence needs a gap below 2 * max |diff|, BF16_EPS is twice that
     assert tap.compared > 500 and tap.max_diff > 0 and 2 * tap.max_diff <= BF16_EPS / 2, noise
-    for strategy in ("schema", "ngram", "composite"):
+    for strategy in ("schema", "ngram", "suffix", "composite"):
         accepted = sum(res.stats.accepted for r, res in zip(requests, c.results) if r.options.strategy == strategy)
         assert accepted > 0, strategy
     assert done_ref >= 0.75 * DOCS and done_batched >= 0.75 * DOCS, (done_ref, done_batched)
@@ -148,11 +148,11 @@ def test_default_model_bf16_batched_matches_one_at_a_time(default_engine, monkey
     # the three requests of a document share its prompt: one computes it, two copy it
     requests = [Request(bounded(row["schema"]), row["text"], options(strategy, DRAFT_LENS[(i + j) % 5], max_tokens=160),
                         reuse_prompt=True)
-                for i, row in enumerate(rows) for j, strategy in enumerate(("schema", "ngram", "composite"))]
+                for i, row in enumerate(rows) for j, strategy in enumerate(("schema", "ngram", "suffix", "composite"))]
     c = compare_batched(loaded, requests, DEFAULT_MODEL_BF16_EPS, monkeypatch, "default model bf16", engine_max_seqs=8)
     tally, tap, results, noise = c.tally, c.tap, c.results, c.noise
     (done_ref, done_batched), n = c.finished(), len(requests)
-    print(f"\n{DEFAULT_MODEL_DOCS} documents x 3 strategies, default model in bf16: {tally}; {noise}; "
+    print(f"\n{DEFAULT_MODEL_DOCS} documents x 4 strategies, default model in bf16: {tally}; {noise}; "
           f"finished: one at a time {done_ref}/{n}, batched {done_batched}/{n}")
     assert tap.compared > 100 and 2 * tap.max_diff <= tally.eps / 2, noise
     assert sum(res.stats.accepted for res in results) > 0
