@@ -71,23 +71,18 @@ def server_run(memory: bool, rows: list[dict], warm: list[dict], threads: int | 
         svc.run_one(register("warm", WARM_SCHEMA), "ok: yes", {"max_tokens": 16})  # loads the model
         texts = [row["text"] for row in rows]
         schema = rows[0]["schema"]
-        cold = register("cold", schema)
-        t = time.perf_counter()
-        out["cold composite"] = summary([svc.run_one(cold, d, COMPOSITE) for d in texts], time.perf_counter() - t)
-        say(f"memory {label}, cold composite: {out['cold composite']['docs_per_min']} docs/min")
-        one = register("one", schema)
-        for row in warm:
-            svc.run_one(one, row["text"], AUTO)
-        t = time.perf_counter()
-        out["one auto"] = summary([svc.run_one(one, d, AUTO) for d in texts], time.perf_counter() - t)
-        say(f"memory {label}, one auto: {out['one auto']['docs_per_min']} docs/min")
-        batch = register("batch", schema)
-        for row in warm:
-            svc.run_one(batch, row["text"], AUTO)
-        t = time.perf_counter()
-        run = run_batch(svc, batch, texts, AUTO)
-        out["batch auto"] = summary(sorted(run["results"], key=lambda x: x["id"]), time.perf_counter() - t)
-        say(f"memory {label}, batch auto: {out['batch auto']['docs_per_min']} docs/min")
+        one_by_one = lambda sid, options: [svc.run_one(sid, d, options) for d in texts]  # noqa: E731
+        as_batch = lambda sid, options: sorted(run_batch(svc, sid, texts, options)["results"],  # noqa: E731
+                                               key=lambda x: x["id"])
+        for mode, name, options, warmed, run in (("cold composite", "cold", COMPOSITE, [], one_by_one),
+                                                 ("one auto", "one", AUTO, warm, one_by_one),
+                                                 ("batch auto", "batch", AUTO, warm, as_batch)):
+            schema_id = register(name, schema)  # a schema version of its own: no statistics or memory shared
+            for row in warmed:
+                svc.run_one(schema_id, row["text"], options)
+            t = time.perf_counter()
+            out[mode] = summary(run(schema_id, options), time.perf_counter() - t)
+            say(f"memory {label}, {mode}: {out[mode]['docs_per_min']} docs/min")
     return out
 
 
