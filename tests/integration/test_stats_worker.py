@@ -88,7 +88,7 @@ def test_stats_and_metrics_equal_the_sum_of_per_job_stats(stack):
     body = client.get(f"/v1/schemas/{schema_id}/stats").json()
     got = {(a["strategy"], a["draft_len"]): {f: a[f] for f in ("requests", *FIELDS)} for a in body["strategies"]}
     assert got == {k: dict(v) for k, v in per_arm.items()}
-    assert body["selected"]["strategy"] in ("none", "schema", "ngram", "composite")
+    assert body["selected"]["strategy"] in ("none", "schema", "ngram", "suffix", "composite")
 
     text = client.get("/metrics", headers={"authorization": "Bearer operator"}).text
     samples = {(s.name, s.labels["strategy"]): s.value

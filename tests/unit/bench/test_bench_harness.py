@@ -137,19 +137,19 @@ def test_comparison_harness_refuses_a_batch_below_one(tiny_engine, tmp_path, cap
 
 def test_auto_picker_run_live_learns_between_documents_from_the_same_start_each_call(tiny_engine):
     """bench.peer's one-at-a-time `auto` draws each document from the statistics the ones before
-    it left, as the worker draws lone jobs: a new schema probes schema, ngram, then composite
+    it left, as the worker draws lone jobs: a new schema probes schema, ngram, suffix, then composite
     (drawn all at once, from no statistics, every plan would be the first probe). Each call
     starts again from the picker's own statistics, which it leaves as they were."""
     from structspec.bench.batch import AutoPicker
     from structspec.config import Settings
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
-    rows = [{"schema": schema, "text": f"a is value {i}"} for i in range(3)]
+    rows = [{"schema": schema, "text": f"a is value {i}"} for i in range(4)]
     picker = AutoPicker(Settings(), seed=0)
-    assert {p.arm for p in picker.plans(3, 12)} == {"schema:8"}
+    assert {p.arm for p in picker.plans(4, 12)} == {"schema:8"}
     first = picker.run_live(tiny_engine, rows, 12)
     arms = [(r.stats.strategy, r.stats.draft_len) for r in first]
-    assert arms == [("schema", 8), ("ngram", 8), ("composite", 8)], arms
+    assert arms == [("schema", 8), ("ngram", 8), ("suffix", 8), ("composite", 8)], arms
     assert picker.stats.clock == 0 and picker.stats.arms == {}
     again = picker.run_live(tiny_engine, rows, 12)
     assert [(r.stats.strategy, r.stats.draft_len) for r in again] == arms
