@@ -506,7 +506,7 @@ def outcome_of(future: Future, fields: dict[str, str]) -> dict[str, Any] | None:
     if res.status == "succeeded":
         # the text as the model wrote it (the suffix proposer's memory after a restart); a merge of
         # chunks was not written by the model in one piece
-        output = getattr(res, "text", None) if getattr(res.stats, "stop_reason", "") != "chunks" else None
+        output = res.text if res.stats.stop_reason != "chunks" else None
         return {"status": "succeeded", "result": res.value, "stats": stats, "spans": res.spans,
                 "confidence": res.confidence, "output": output}
     return {"status": "failed", "error": f"{res.status}: {res.error}", "stats": stats}

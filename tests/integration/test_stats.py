@@ -277,7 +277,7 @@ def engine_result(request):
     opts = request.options
     stats = job_stats(opts.strategy, opts.draft_len or 1, 2, [1] * (opts.draft_len or 1))
     return SimpleNamespace(status="succeeded", value={"label": "a"}, error=None, spans={}, confidence={},
-                           stats=SimpleNamespace(as_dict=lambda: stats))
+                           text='{"label": "a"}', stats=SimpleNamespace(as_dict=lambda: stats, stop_reason="grammar"))
 
 
 def run_one(tasks, sessions, settings, job_id, token) -> int:

@@ -112,15 +112,16 @@ class JsonScan:
     scans a sequence's output once and only its draft after that."""
 
     __slots__ = ("stack", "expect_key", "in_string", "escaped", "is_value", "in_number", "value", "previous",
-                 "layout", "layout_len")
+                 "layout", "layout_len", "keep")
 
-    def __init__(self) -> None:
+    def __init__(self, keep: int = LAYOUT_KEPT) -> None:
+        self.keep = keep  # characters of the layout kept
         self.stack: list[str] = []  # "{" / "["
         self.expect_key = False  # inside an object, before the next ":"
         self.in_string = self.escaped = self.is_value = self.in_number = False
         self.value: list[str] = []  # the content so far of the string value being scanned
         self.previous = ""  # the last complete string value
-        self.layout = ""  # its last LAYOUT_KEPT characters
+        self.layout = ""  # its last `keep` characters
         self.layout_len = 0
 
     def copy(self) -> "JsonScan":
@@ -184,7 +185,7 @@ class JsonScan:
             out.append(ch)
         if out:
             added = "".join(out)
-            self.layout = (self.layout + added)[-LAYOUT_KEPT:]
+            self.layout = (self.layout + added)[-self.keep:]
             self.layout_len += len(added)
         return self
 
@@ -195,14 +196,9 @@ def string_state(text: str) -> StringState:
 
 
 def layout(text: str) -> str:
-    """The layout of `text` (JSON, or the start of it; JsonScan), whole."""
-    scan = JsonScan()
-    out = []
-    for i in range(0, len(text), LAYOUT_KEPT // 2):  # feed in pieces: the scan keeps only the end
-        before = scan.layout_len
-        scan.feed(text[i:i + LAYOUT_KEPT // 2])
-        out.append(scan.layout[len(scan.layout) - (scan.layout_len - before):] if scan.layout_len > before else "")
-    return "".join(out)
+    """The layout of `text` (JSON, or the start of it; JsonScan), whole: at most two characters
+    a character of `text` (a one-character string value gains its hole)."""
+    return JsonScan(keep=2 * len(text) + 1).feed(text).layout
 
 
 def scan_of(ctx: "DraftContext", tail: str) -> JsonScan:

@@ -91,14 +91,16 @@ class SuffixIndex:
 
     def evict(self, keep_items: int) -> None:
         """Drop the oldest outputs until at most `keep_items` items remain (the newest stays)."""
-        cut = 0  # the separator before the oldest output kept
-        while self.items - (cut - self.text.count(SEP, 0, cut)) > keep_items:
+        cut = dropped_items = dropped = 0  # cut: the separator before the oldest output kept
+        while self.items - dropped_items > keep_items:
             nxt = self.text.find(SEP, cut + 1)
             if nxt < 0 or nxt == len(self.text) - 1:
                 break
+            dropped_items += nxt - cut - 1
+            dropped += 1
             cut = nxt
         if cut:
-            self.outputs -= self.text.count(SEP, 0, cut)
+            self.outputs -= dropped
             self.text = self.text[cut:]
 
     def follow(self, tail: str, budget: int, start: bool) -> Found | None:
