@@ -229,10 +229,11 @@ class Engine:
         """The earlier outputs `request` drafts from, built from its seed while it holds none."""
         if self.histories is None or request.history is None:
             return None
-        if request.history_seed and self.histories.get(request.history).outputs == 0:
+        history = self.histories.get(request.history)
+        if request.history_seed and history.outputs == 0:
             for text in request.history_seed:
                 self.histories.learn(request.history, self.token_text.encode(text), text)
-        return self.histories.get(request.history)
+        return history
 
     def _shared_prefix_len(self, schema: dict, prompt: list[int]) -> int:
         """Leading prompt tokens that every document of `schema` shares (instruction + schema):
