@@ -58,7 +58,10 @@ def test_the_c_loop_gives_the_python_loops_logits_bit_for_bit(shared_cache, dtyp
 def test_the_last_layer_runs_only_the_rows_asked_for_with_the_same_bits(shared_cache, dtype, loop):
     """A pass asked for some rows' logits runs its last layer's o projection and MLP over those
     rows alone (in C, or in the Python loop over the same kernels): the same bits as the full
-    pass's at those rows, and the passes after it agree (tests/unit/engine/test_lean.py)."""
+    pass's at those rows wherever the engine runs this loop in that dtype (bf16 on CPUs with
+    AVX512-BF16; fp32 on CPUs with no bf16 units); elsewhere (fp32 asked for on a bf16 CPU, which
+    `auto` never runs) within fp32's last bits: on AMX hosts some fp32 sums depend on the row
+    count. The passes after it agree too (tests/unit/engine/test_lean.py)."""
     model = llama(dtype)
 
     def make():
@@ -67,7 +70,7 @@ def test_the_last_layer_runs_only_the_rows_asked_for_with_the_same_bits(shared_c
             runner.lean.layer_loop = None
         return runner
 
-    some_rows_match_all_rows(make, exact=True)
+    some_rows_match_all_rows(make, exact=dtype == torch.bfloat16 or ENGINE_PICKS_F32)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
