@@ -1,6 +1,6 @@
 """The suffix proposer's memory of earlier outputs, on and off, side by side (`make bench-suffix`).
 
-    python -m structspec.bench.suffix [--n 32] [--repeats 1] [--deepjsoneval PATH --deepjsoneval-n 32]
+    python -m structspec.bench.suffix [--n 32] [--repeats 1] [--modes "batch auto"] [--deepjsoneval PATH --deepjsoneval-n 32]
                                       [--out bench-out/suffix.json]
 
 Through a real `structspec serve` + `structspec worker` (bench/load.py's Service: SQLite, the
@@ -54,7 +54,11 @@ def summary(jobs: list[dict], seconds: float) -> dict:
             "arms": dict(Counter(f"{s.get('strategy')} k={s.get('draft_len')}" for s in stats))}
 
 
-def server_run(memory: bool, rows: list[dict], warm: list[dict], threads: int | None) -> dict:
+MODES = ("cold composite", "one auto", "batch auto")
+
+
+def server_run(memory: bool, rows: list[dict], warm: list[dict], threads: int | None,
+               modes: tuple[str, ...] = MODES) -> dict:
     from structspec.bench.batch import run_batch
     from structspec.bench.load import Service
 
@@ -77,6 +81,8 @@ def server_run(memory: bool, rows: list[dict], warm: list[dict], threads: int | 
         for mode, name, options, warmed, run in (("cold composite", "cold", COMPOSITE, [], one_by_one),
                                                  ("one auto", "one", AUTO, warm, one_by_one),
                                                  ("batch auto", "batch", AUTO, warm, as_batch)):
+            if mode not in modes:
+                continue
             schema_id = register(name, schema)  # a schema version of its own: no statistics or memory shared
             for row in warmed:
                 svc.run_one(schema_id, row["text"], options)
@@ -123,16 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=32, help="timed receipts per mode")
     p.add_argument("--repeats", type=int, default=1, help="off/on pairs of services (off, on, off, on, ...)")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the worker (default: its own)")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help=f"comma-separated, of: {', '.join(MODES)} (default: all)")
     p.add_argument("--deepjsoneval", default="", help="also the engine on this JSONL's shortest documents")
     p.add_argument("--deepjsoneval-n", type=int, default=32)
     p.add_argument("--out", type=Path, default=Path("bench-out/suffix.json"))
     args = p.parse_args(argv)
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        p.error(f"--modes: unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
     rows = receipt_rows(args.n + WARMUP)
     timed, warm = rows[:args.n], rows[args.n:]
     report: dict = {"receipts": {"off": [], "on": []}}
     for _ in range(args.repeats):
         for memory in (False, True):
-            report["receipts"]["on" if memory else "off"].append(server_run(memory, timed, warm, args.threads))
+            report["receipts"]["on" if memory else "off"].append(server_run(memory, timed, warm, args.threads, modes))
     if args.deepjsoneval:
         report["deepjsoneval"] = deepjsoneval_run(args.deepjsoneval, args.deepjsoneval_n)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +157,8 @@ def print_report(report: dict) -> None:
     rec = report["receipts"]
     print("| mode | memory | docs/min | tokens/pass | succeeded | arms |")
     print("|---|---|---:|---:|---:|---|")
-    for mode in ("cold composite", "one auto", "batch auto"):
+    modes = [m for m in MODES if m in rec["off"][0]]
+    for mode in modes:
         for label in ("off", "on"):
             for run in rec[label]:
                 r = run[mode]
@@ -156,11 +169,14 @@ def print_report(report: dict) -> None:
         ratio = sum(r["docs_per_min"] for r in on) / sum(r["docs_per_min"] for r in off)
         tpp = sum(r["tokens_per_pass"] for r in on) / sum(r["tokens_per_pass"] for r in off)
         print(f"| {mode} | on / off | {ratio:.2f}x | {tpp:.2f}x | | |")
-    off_composite = sum(run["cold composite"]["tokens_per_pass"] for run in rec["off"]) / len(rec["off"])
-    for run in rec["on"]:
-        print(f"\none auto (memory on) tokens/pass vs composite with the memory off: "
-              f"{run['one auto']['tokens_per_pass'] / off_composite:.2f}x")
-        print(f"warm-up curve (cold composite, memory on), tokens/pass of documents 1..n: {run['cold composite']['curve']}")
+    if "cold composite" in modes:
+        off_composite = sum(run["cold composite"]["tokens_per_pass"] for run in rec["off"]) / len(rec["off"])
+        for run in rec["on"]:
+            if "one auto" in run:
+                print(f"\none auto (memory on) tokens/pass vs composite with the memory off: "
+                      f"{run['one auto']['tokens_per_pass'] / off_composite:.2f}x")
+            print(f"warm-up curve (cold composite, memory on), tokens/pass of documents 1..n: "
+                  f"{run['cold composite']['curve']}")
     if "deepjsoneval" in report:
         d = report["deepjsoneval"]
         print(f"\nDeepJSONEval, composite k=8 one at a time: memory on {d['on']['docs_per_min']} docs/min "
