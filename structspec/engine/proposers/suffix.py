@@ -14,7 +14,9 @@ the oldest outputs by slicing, and does its searching in C (`str` search). A loo
 search over suffix lengths (a suffix that occurs implies that all its shorter suffixes do), each
 probe one substring search over the index; the per-schema budget keeps that scan short. The
 occurrences are then read most recent first (at most MAX_VOTES of them) and the draft follows,
-token by token, the continuation most of them share, while at least MIN_SHARE of them agree.
+token by token, the continuation most of them share, while at least MIN_SHARE of them agree
+(where every voter left agrees, the whole shared stretch is taken at once: the vote is paid
+only where they part).
 
 Drafts only change speed: the target model verifies every token, so an output is what plain
 constrained decoding of that document gives (identical except at near-ties), whatever the
@@ -122,20 +124,40 @@ class SuffixIndex:
                 ends.append(i + matched)
             i = self.text.rfind(needle, 0, i + matched - 1)
         voters = len(ends)
+        # what follows each occurrence, up to the budget or the end of its output
+        group = [self.text[e:e + budget].split(SEP, 1)[0] for e in ends]
         out: list[str] = []
-        first = 0
-        while len(out) < budget and ends:
-            counts = Counter(self.text[e] for e in ends)
-            counts.pop(SEP, None)
-            if not counts:
-                break
-            ch, n = counts.most_common(1)[0]  # a tie: the most recent (counted first)
+        size = first = 0
+        while size < budget and group:
+            agree = _common_prefix(group)  # every voter left continues with these items
+            if agree:
+                ch, n = group[0][:min(agree, budget - size)], len(group)
+            else:  # they part: the most common next item (a tie: the most recent, counted first)
+                counts = Counter(c[0] for c in group if c)
+                if not counts:
+                    break
+                ch, n = counts.most_common(1)[0]
             if n < MIN_SHARE * voters:  # of the first voters: the share agreeing with the whole draft
                 break
             first = first or n
             out.append(ch)
-            ends = [e + 1 for e in ends if self.text[e] == ch]
+            size += len(ch)
+            group = [c[len(ch):] for c in group if c.startswith(ch)]
         return Found("".join(out), matched, voters, first) if out else None
+
+
+def _common_prefix(strings: list[str]) -> int:
+    """The length of the prefix every string of `strings` shares (that of the least and the
+    greatest: the comparisons run in C, and so does the binary search's slicing)."""
+    lo, hi = min(strings), max(strings)
+    a, b = 0, min(len(lo), len(hi))
+    while a < b:
+        m = (a + b + 1) // 2
+        if lo[:m] == hi[:m]:
+            a = m
+        else:
+            b = m - 1
+    return a
 
 
 class History:

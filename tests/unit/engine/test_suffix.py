@@ -56,6 +56,62 @@ def test_the_most_frequent_continuation_wins_and_the_draft_stops_where_few_agree
     assert follow(index, [A, B], start=False) is None  # a quarter each: under MIN_SHARE, no draft
 
 
+def vote_item_by_item(index: SuffixIndex, tail: str, budget: int, start: bool):
+    """follow()'s continuation as first written: one vote per item (the reference; follow takes
+    the stretches every voter left agrees on at once)."""
+    from collections import Counter
+
+    from structspec.engine.proposers.base import longest_suffix_match
+    from structspec.engine.proposers.suffix import MAX_VOTES, MIN_SHARE, SEP
+
+    key = (SEP if start and len(tail) < MAX_MATCH else "") + tail[-MAX_MATCH:]
+    matched, _ = longest_suffix_match(index.text, key, 1, MAX_MATCH)
+    if not matched:
+        return None
+    needle, ends = key[-matched:], []
+    i = index.text.rfind(needle)
+    while i >= 0 and len(ends) < MAX_VOTES:
+        if i + matched < len(index.text):
+            ends.append(i + matched)
+        i = index.text.rfind(needle, 0, i + matched - 1)
+    voters, out, first = len(ends), [], 0
+    while len(out) < budget and ends:
+        counts = Counter(index.text[e] for e in ends)
+        counts.pop(SEP, None)
+        if not counts:
+            break
+        ch, n = counts.most_common(1)[0]
+        if n < MIN_SHARE * voters:
+            break
+        first = first or n
+        out.append(ch)
+        ends = [e + 1 for e in ends if index.text[e] == ch]
+    return ("".join(out), matched, voters, first) if out else None
+
+
+def test_taking_agreed_stretches_at_once_drafts_what_voting_item_by_item_does():
+    import random
+
+    rng = random.Random(7)
+    compared = drafted = 0
+    for trial in range(300):
+        index = SuffixIndex(100_000)
+        alphabet = [A, B, C, D, E][:rng.randint(2, 5)]
+        template = [rng.choice(alphabet) for _ in range(rng.randint(3, 30))]
+        for _ in range(rng.randint(1, 40)):  # outputs that mostly follow one template, with edits
+            out = [t if rng.random() > 0.15 else rng.choice(alphabet) for t in template]
+            index.add(chars(*out[:rng.randint(1, len(out))]))
+        for _ in range(5):
+            tail = chars(*[rng.choice(alphabet) for _ in range(rng.randint(0, 12))])
+            budget, start = rng.randint(1, 24), rng.random() < 0.5
+            found = index.follow(tail, budget, start)
+            got = None if found is None else (found.items, found.matched, found.votes, found.agreeing)
+            assert got == vote_item_by_item(index, tail, budget, start), (trial, tail, budget, start)
+            compared += 1
+            drafted += got is not None and len(got[0]) > 1
+    assert compared == 1500 and drafted > 300  # the cases were not all empty
+
+
 def test_only_the_most_recent_occurrences_vote():
     index = SuffixIndex(10_000)
     for _ in range(40):
