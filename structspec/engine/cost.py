@@ -136,7 +136,8 @@ EXPLORE_EVERY = 8  # decode steps between two exploring plans (one rows bucket p
 
 def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] | None], base_rows: int,
                       cost: PassCostCurve, base_tokens: float | None = None, explore: bool = False,
-                      prefill_rows: int = 0) -> list[int]:
+                      prefill_rows: int = 0,
+                      confidence: Sequence[Sequence[float | None] | None] | None = None) -> list[int]:
     """k per sequence. caps[b]: the most it may verify this step (the engine passes the length
     of the draft its proposer actually made); acceptance[b]: its curve, or None for a fixed-k
     sequence (gets caps[b]). base_rows: rows the pass has anyway (one per decoding sequence,
@@ -151,7 +152,10 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
     saves that sequence a row of a later decode pass. Pricing the plan over the whole pass
     instead makes a draft row look free beside 512 prefill rows (low-acceptance drafts were
     verified), and counting prefill rows as work done, like tokens, asks a draft to be nearly
-    sure, which trimmed drafts that pay (docs/benchmarks.md compares the two)."""
+    sure, which trimmed drafts that pay (docs/benchmarks.md compares the two). confidence[b][i]:
+    how sure the proposer is of draft token i (DraftContext.confidence: a learned stretch's
+    share of its voters), used for c_b[i] where given: a schema's average acceptance prices a
+    unanimous stretch of earlier outputs' layout like a guess, and a guess like that stretch."""
     ks = [cap if acc is None else 0 for cap, acc in zip(caps, acceptance)]
     base_rows -= prefill_rows
     rows = base_rows + sum(ks)
@@ -159,9 +163,11 @@ def choose_draft_lens(caps: Sequence[int], acceptance: Sequence[Sequence[float] 
     for b, (cap, acc) in enumerate(zip(caps, acceptance)):
         if acc is None:
             continue
+        sure = confidence[b] if confidence is not None else None
         run = 1.0
         for i in range(cap):
-            run *= acc[min(i, len(acc) - 1)] if acc else 0.0
+            c = sure[i] if sure is not None and i < len(sure) else None
+            run *= c if c is not None else acc[min(i, len(acc) - 1)] if acc else 0.0
             if run <= 0:
                 break
             gains.append((run, b))

@@ -426,7 +426,8 @@ class Engine:
             explore = self.metrics.decode_steps % EXPLORE_EVERY == EXPLORE_EVERY - 1
             ks = choose_draft_lens([len(s.draft) for s in adaptive], [s.request.acceptance for s in adaptive],
                                    base_rows + sum(len(s.draft) for s in kept if s not in adaptive), self.cost,
-                                   base_tokens=len(kept), explore=explore, prefill_rows=base_rows - len(decoding))
+                                   base_tokens=len(kept), explore=explore, prefill_rows=base_rows - len(decoding),
+                                   confidence=[s.ctx.confidence for s in adaptive])
             for seq, k in zip(adaptive, ks):
                 if k < len(seq.draft):  # trimmed here: positions k.. were not offered to verification
                     seq.draft, seq.k = seq.draft[:k], k

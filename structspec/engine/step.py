@@ -55,8 +55,10 @@ def propose(seq: Sequence) -> None:
     first one the grammar refuses."""
     if seq.k <= 0:
         seq.draft = []
+        seq.ctx.confidence = []
         return
     seq.ctx.output_text = seq.out_bytes.decode("utf-8", errors="replace")
+    seq.ctx.confidence = []
     draft = seq.proposer.propose(seq.ctx, seq.k)[:seq.k]
     special = seq.ctx.tokens.special
     draft = draft[:next((i for i, t in enumerate(draft) if t in special), len(draft))]

@@ -237,6 +237,17 @@ class DraftContext:
     output_tokens: list[int] = field(default_factory=list)  # the tokens generated so far (the sequence's own list)
     history: "History | None" = None  # earlier outputs of this schema and tenant (suffix.py), if kept
     scanned: tuple[str, JsonScan] = field(default_factory=lambda: ("", JsonScan()))  # scan_of's: the output's
+    # how sure the proposer is of each token it drafted (None: no more than its schema's average
+    # acceptance says); the engine empties it before each proposal and the batch's draft plan
+    # reads it (engine/cost.py). A learned stretch puts its Found.share on its first token and
+    # 1.0 on the rest: the plan's product over a draft's prefix then holds the stretch's share.
+    confidence: list[float | None] = field(default_factory=list)
+
+
+def note_confidence(ctx: DraftContext, n: int, share: float | None) -> None:
+    """Record how sure a stretch of `n` drafted tokens is (DraftContext.confidence)."""
+    if n > 0:
+        ctx.confidence += [share] + [None if share is None else 1.0] * (n - 1)
 
 
 class Proposer(Protocol):

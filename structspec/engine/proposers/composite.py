@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from structspec.engine.proposers.base import DraftContext, consume_valid_prefix, scan_of
+from structspec.engine.proposers.base import DraftContext, consume_valid_prefix, note_confidence, scan_of
 from structspec.engine.proposers.ngram import CHARS_PER_TOKEN, lookup_step
 from structspec.engine.proposers.schema import forced_step
 from structspec.engine.proposers.suffix import MAX_MATCH, Continuation, suffix_continuation
@@ -45,8 +45,10 @@ class CompositeProposer:
             while len(draft) < k:
                 forced = forced_step(ctx, k - len(draft))
                 draft += forced
-                step = self._step(ctx, draft, k - len(draft))
+                note_confidence(ctx, len(forced), None)
+                step, share = self._step(ctx, draft, k - len(draft))
                 draft += step
+                note_confidence(ctx, len(step), share)
                 if not forced and not step:
                     break
         finally:
@@ -54,29 +56,31 @@ class CompositeProposer:
         return draft
 
     @staticmethod
-    def _step(ctx: DraftContext, draft: list[int], budget: int) -> list[int]:
+    def _step(ctx: DraftContext, draft: list[int], budget: int) -> tuple[list[int], float | None]:
+        """The next stretch of the draft and how sure it is (a learned one: its share of the
+        voters; a copy: None)."""
         if budget <= 0:
-            return []
+            return [], None
         tail = ctx.output_text + ctx.tokens.text_of(draft) if draft else ctx.output_text
         if ctx.history is None:
-            return lookup_step(ctx, tail, budget)
+            return lookup_step(ctx, tail, budget), None
         n_chars = budget * CHARS_PER_TOKEN
         scan = scan_of(ctx, tail)
         in_string = scan.in_string and scan.is_value
         if not in_string and not scan.in_number:  # between values: the learned layout first
-            text, _ = ctx.history.layout_after(scan.layout, scan.layout_len < MAX_MATCH, n_chars)
+            text, _, share = ctx.history.layout_after(scan.layout, scan.layout_len < MAX_MATCH, n_chars)
             step = consume_valid_prefix(ctx.matcher, ctx.tokens.encode(text)[:budget]) if text else []
             if not step:
                 learned = suffix_continuation(ctx, draft, budget)
                 if learned is not None and agreed(learned):
-                    step = consume_valid_prefix(ctx.matcher, learned.tokens)
-            return step or lookup_step(ctx, tail, budget)
+                    step, share = consume_valid_prefix(ctx.matcher, learned.tokens), learned.share
+            return (step, share) if step else (lookup_step(ctx, tail, budget), None)
         copied = ctx.document.lookup(tail, n_chars)[1]
         if not copied:  # a verbatim value is looked up whole (ngram.py)
-            return lookup_step(ctx, tail, budget) if ctx.verbatim else []
+            return (lookup_step(ctx, tail, budget) if ctx.verbatim else []), None
         end = (STRING_END if in_string else NUMBER_END).search(copied)
         if end is not None:  # the value's likely end: close it, then what followed such a value before
             copied = copied[:end.start()] + ('"' if in_string else "")
             after = scan.copy().feed(copied)
             copied += ctx.history.layout_after(after.layout, after.layout_len < MAX_MATCH, n_chars)[0]
-        return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(copied)[:budget])
+        return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(copied)[:budget]), None

@@ -31,7 +31,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
 from structspec.engine.proposers.base import (NUMBER_HOLE, STRING_HOLE, DraftContext, consume_valid_prefix, layout,
-                                              longest_suffix_match)
+                                              longest_suffix_match, note_confidence)
 
 SEP = "\x00"  # between outputs; at a tail's start: "the output begins here"
 MAX_MATCH = 32  # tail items (tokens, layout characters) matched at most
@@ -52,6 +52,13 @@ class Found:
     matched: int  # tail items the occurrences share (the start-of-output mark counts as one)
     votes: int  # occurrences of that tail that voted
     agreeing: int  # of them, those whose continuation begins with items[0]
+    last: int = 0  # of them, those whose continuation begins with all of items
+
+    @property
+    def share(self) -> float:
+        """How sure the draft is: the share of the voters that continue with all of it, drawn
+        towards a half when there are few of them ((last + 1) / (votes + 2))."""
+        return (self.last + 1) / (self.votes + 2)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class Continuation:
     matched: int
     votes: int
     agreeing: int
+    share: float = 0.0  # Found.share
 
 
 class SuffixIndex:
@@ -127,7 +135,7 @@ class SuffixIndex:
         # what follows each occurrence, up to the budget or the end of its output
         group = [self.text[e:e + budget].split(SEP, 1)[0] for e in ends]
         out: list[str] = []
-        size = first = 0
+        size = first = last = 0
         while size < budget and group:
             agree = _common_prefix(group)  # every voter left continues with these items
             if agree:
@@ -139,11 +147,11 @@ class SuffixIndex:
                 ch, n = counts.most_common(1)[0]
             if n < MIN_SHARE * voters:  # of the first voters: the share agreeing with the whole draft
                 break
-            first = first or n
+            first, last = first or n, n
             out.append(ch)
             size += len(ch)
             group = [c[len(ch):] for c in group if c.startswith(ch)]
-        return Found("".join(out), matched, voters, first) if out else None
+        return Found("".join(out), matched, voters, first, last) if out else None
 
 
 def _common_prefix(strings: list[str]) -> int:
@@ -197,20 +205,22 @@ class History:
         found = self.tokens.follow(_chars(recent), budget, start=len(tail) < MAX_MATCH)
         if found is None:
             return None
-        return Continuation([ord(c) - 1 for c in found.items], found.matched, found.votes, found.agreeing)
+        return Continuation([ord(c) - 1 for c in found.items], found.matched, found.votes, found.agreeing,
+                            found.share)
 
-    def layout_after(self, tail: str, start: bool, n_chars: int) -> tuple[str, str | None]:
+    def layout_after(self, tail: str, start: bool, n_chars: int) -> tuple[str, str | None, float]:
         """(the text most earlier outputs continue a layout `tail` (JsonScan.layout; `start`:
         it is the output's whole layout) with, up to where a value's content begins (a string's
         opening quote included) or `n_chars`; the value that begins there: STRING_HOLE,
-        NUMBER_HOLE or None)."""
+        NUMBER_HOLE or None; how sure that text is: Found.share, of the whole continuation, so at
+        most what it is of the text)."""
         found = self.layout.follow(tail, n_chars, start=start)
         if found is None:
-            return "", None
+            return "", None, 0.0
         holes = [i for i in (found.items.find(STRING_HOLE), found.items.find(NUMBER_HOLE)) if i >= 0]
         if not holes:
-            return found.items, None
-        return found.items[:min(holes)], found.items[min(holes)]
+            return found.items, None, found.share
+        return found.items[:min(holes)], found.items[min(holes)], found.share
 
 
 class SuffixStore:
@@ -262,9 +272,11 @@ class SuffixStore:
 
 def suffix_step(ctx: DraftContext, drafted: list[int], budget: int) -> list[int]:
     """Consume (into ctx.matcher) the grammar-valid prefix of the index's continuation of the
-    output followed by `drafted`; return it."""
+    output followed by `drafted`; return it (its share noted in ctx.confidence)."""
     found = suffix_continuation(ctx, drafted, budget)
-    return consume_valid_prefix(ctx.matcher, found.tokens) if found else []
+    step = consume_valid_prefix(ctx.matcher, found.tokens) if found else []
+    note_confidence(ctx, len(step), found.share if found else None)
+    return step
 
 
 def suffix_continuation(ctx: DraftContext, drafted: list[int], budget: int) -> Continuation | None:

@@ -153,3 +153,18 @@ def test_beside_a_prefill_chunk_drafts_are_planned_as_for_the_decode_rows_alone(
         assert choose_draft_lens([8] * 4, acc, 4 + 512, curve, prefill_rows=512) == decode, acc
     assert sum(choose_draft_lens([8] * 4, [[0.8] * 8] * 4, 4 + 512, curve, prefill_rows=512)) > 4
     assert choose_draft_lens([8] * 4, [[0.05] * 8] * 4, 4 + 512, curve, prefill_rows=512) == [0] * 4
+
+
+def test_a_proposers_confidence_replaces_the_average_acceptance_token_by_token():
+    # two sequences with the same schema average (0.6 a position): alike, each gets 2 draft tokens
+    curve = PassCostCurve(prior_fixed_s=0.05, prior_row_s=0.01)
+    acc = [[0.6] * 4, [0.6] * 4]
+    assert choose_draft_lens([4, 4], acc, 2, curve) == [2, 2]
+    # one drafts a stretch of earlier outputs' layout its voters agree on, the other a guess few
+    # of them share (a stretch's share on its first token, 1.0 on the rest): the sure one is kept
+    # whole, the guess is dropped
+    sure, guess = [0.97, 1.0, 1.0, 1.0], [0.35, 1.0, 1.0, 1.0]
+    assert choose_draft_lens([4, 4], acc, 2, curve, confidence=[sure, guess]) == [4, 0]
+    # tokens the proposer says nothing about keep the average
+    assert choose_draft_lens([4, 4], acc, 2, curve, confidence=[[None] * 4, []]) == [2, 2]
+    assert choose_draft_lens([4, 4], acc, 2, curve, confidence=[None, None]) == [2, 2]

@@ -171,3 +171,28 @@ def test_the_grammar_picks_among_candidate_spans(tokenizer):
                        verbatim=True)
     assert ctx.document.spans("AB", 12)[0].startswith("-x1")
     assert draft_text(ctx, "ngram", k=3).startswith("-12")
+
+
+def test_composite_notes_how_sure_each_stretch_of_its_draft_is(ctx_for):
+    from structspec.engine.proposers.suffix import History
+
+    ctx = ctx_for('{\n  "name": "Bob"', whitespace="flexible")
+    history = History(10_000)
+    for name, kind in (("Ann", "alpha"), ("Cy", "beta"), ("Di", "beta")):
+        text = f'{{\n  "name": "{name}",\n  "kind": "{kind}"\n}}'
+        history.learn(ctx.tokens.encode(text), text)
+    ctx.history = history
+    draft = make_proposer("composite").propose(ctx, 16)
+    stretch = ctx.tokens.encode(',\n  "kind": "')
+    assert draft[:len(stretch)] == stretch  # the layout the three earlier outputs agree on
+    assert len(ctx.confidence) == len(draft)
+    # its share of the voters on its first token ((3 + 1) / (3 + 2)), then 1.0: the product over
+    # any prefix of the stretch is its share
+    assert ctx.confidence[:len(stretch)] == [4 / 5] + [1.0] * (len(stretch) - 1)
+    # then the grammar forces the rest of the enum value once the model picks it; nothing is
+    # forced or copied before that, so the draft ends with the stretch
+    assert len(draft) == len(stretch)
+    # a forced stretch or a copy says nothing of how sure it is
+    ctx = ctx_for('{"name":"Bob"')
+    draft = make_proposer("composite").propose(ctx, 16)
+    assert ctx.tokens.text_of(draft) == ',"kind":"' and ctx.confidence == [None] * len(draft)

@@ -50,6 +50,7 @@ def test_the_most_frequent_continuation_wins_and_the_draft_stops_where_few_agree
         index.add(chars(A, B, last))
     found = index.follow(chars(A, B), 8, start=False)
     assert found.items == chars(C) and found.votes == 10 and found.agreeing == 3
+    assert found.last == 3 and found.share == 4 / 12  # (3 + 1) / (10 + 2)
     index = SuffixIndex(1000)
     for last in (C, D, E, A):
         index.add(chars(A, B, last))
@@ -74,7 +75,7 @@ def vote_item_by_item(index: SuffixIndex, tail: str, budget: int, start: bool):
         if i + matched < len(index.text):
             ends.append(i + matched)
         i = index.text.rfind(needle, 0, i + matched - 1)
-    voters, out, first = len(ends), [], 0
+    voters, out, first, last = len(ends), [], 0, 0
     while len(out) < budget and ends:
         counts = Counter(index.text[e] for e in ends)
         counts.pop(SEP, None)
@@ -83,10 +84,10 @@ def vote_item_by_item(index: SuffixIndex, tail: str, budget: int, start: bool):
         ch, n = counts.most_common(1)[0]
         if n < MIN_SHARE * voters:
             break
-        first = first or n
+        first, last = first or n, n
         out.append(ch)
         ends = [e + 1 for e in ends if index.text[e] == ch]
-    return ("".join(out), matched, voters, first) if out else None
+    return ("".join(out), matched, voters, first, last) if out else None
 
 
 def test_taking_agreed_stretches_at_once_drafts_what_voting_item_by_item_does():
@@ -105,7 +106,7 @@ def test_taking_agreed_stretches_at_once_drafts_what_voting_item_by_item_does():
             tail = chars(*[rng.choice(alphabet) for _ in range(rng.randint(0, 12))])
             budget, start = rng.randint(1, 24), rng.random() < 0.5
             found = index.follow(tail, budget, start)
-            got = None if found is None else (found.items, found.matched, found.votes, found.agreeing)
+            got = None if found is None else (found.items, found.matched, found.votes, found.agreeing, found.last)
             assert got == vote_item_by_item(index, tail, budget, start), (trial, tail, budget, start)
             compared += 1
             drafted += got is not None and len(got[0]) > 1
@@ -153,7 +154,7 @@ def test_layout_keeps_structure_and_keys_and_hides_values():
 
 def layout_after(history: History, text: str) -> tuple[str, str | None]:
     scan = JsonScan().feed(text)
-    return history.layout_after(scan.layout, scan.layout_len < MAX_MATCH, 64)
+    return history.layout_after(scan.layout, scan.layout_len < MAX_MATCH, 64)[:2]
 
 
 def test_a_scan_fed_in_pieces_equals_one_fed_whole():
