@@ -107,7 +107,7 @@ bench-quality: install
 	for m in $(MODELS); do $(PY) -m structspec.bench.quality --model $$m --out bench-out || exit 1; done
 
 bench-kernels: install
-	$(PY) -m kernels.bench
+	$(PY) -m structspec.kernels.bench
 
 # The machine's limits (GEMM rate fp32/bf16, memory bandwidth) and the engine's passes as
 # multiples of them, default model in fp32 and bf16, and a profile of a 16-sequence decode pass

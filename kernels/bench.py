@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.greedy import masked_argmax_torch, verify_greedy_torch, verify_greedy_triton
-from kernels.sampling import verify_sampling_torch, verify_sampling_triton
+from structspec.kernels.greedy import masked_argmax_torch, verify_greedy_torch, verify_greedy_triton
+from structspec.kernels.sampling import verify_sampling_torch, verify_sampling_triton
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from structspec.config import Settings, SettingsError
 from structspec.options import AUTO, JOB_STRATEGIES, OPTION_NAMES, SPECS, OptionError, RequestOptions
-from worker.watchdog import EXIT_ENGINE_HUNG
+from structspec.worker.watchdog import EXIT_ENGINE_HUNG
 
 
 class CliError(Exception):
@@ -363,7 +363,7 @@ def cmd_bench_batch(args) -> int:
 
 
 def cmd_bench_kernels(args) -> int:
-    from kernels.bench import main as kernels_bench
+    from structspec.kernels.bench import main as kernels_bench
 
     return kernels_bench(args.rest) or 0
 
@@ -464,8 +464,8 @@ def cmd_worker(args) -> int:
     from celery.signals import setup_logging as celery_setup_logging
 
     from structspec.logs import setup_logging
-    from worker.app import app
-    from worker.tasks import prepare_model
+    from structspec.worker.app import app
+    from structspec.worker.tasks import prepare_model
 
     settings = app.structspec_settings
     setup_logging(log_format(settings), args.loglevel.upper())  # from the start: Celery's checks warn early
@@ -506,7 +506,7 @@ def cmd_worker(args) -> int:
 def _run_readers(app, args, settings: Settings) -> int:
     """A worker that only reads files (the ingest queue): no model, `--readers` task threads,
     each read in a child process of its own (structspec.ingest.read_isolated)."""
-    from worker.tasks import PROCESS
+    from structspec.worker.tasks import PROCESS
 
     PROCESS.reads_only = True  # its worker_ready hook then builds no engine
     readers = args.readers or os.cpu_count() or 1

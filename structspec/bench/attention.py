@@ -60,7 +60,7 @@ def step(seqs: int, rows: int, past: int, layers: int, gen: torch.Generator, dty
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels import cpu_attention, native
+    from structspec.kernels import cpu_attention, native
     from structspec.bench.bound import memory_gbps
 
     p = argparse.ArgumentParser(prog="python -m structspec.bench.attention", description=__doc__.split("\n\n")[0])

@@ -98,7 +98,7 @@ def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3,
     build lacks, or for every kind when no C compiler builds the kernel."""
     import ctypes
 
-    from kernels import native
+    from structspec.kernels import native
 
     source = Path(native.__file__).with_name("cpu_peak.c")
 

@@ -424,7 +424,7 @@ def _pytest(args: list[str], env_set: dict[str, str], drop: tuple[str, ...] = ()
 
 
 def run_kernel_bench(device: str, small: bool) -> dict[str, Any]:
-    args = [sys.executable, "-m", "kernels.bench", "--device", device] + (["--quick"] if small else [])
+    args = [sys.executable, "-m", "structspec.kernels.bench", "--device", device] + (["--quick"] if small else [])
     proc = subprocess.run(args, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                           timeout=subprocess_timeout())
     if proc.returncode != 0:

@@ -35,7 +35,7 @@ def best_ms(fn, repeats: int = 7) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels import cpu_linear, native as native_build
+    from structspec.kernels import cpu_linear, native as native_build
     from structspec.bench.bound import DTYPE_UNITS, dtype_peak, memory_gbps, peak_gflops
     from structspec.engine.packed import PACK_ROWS
 

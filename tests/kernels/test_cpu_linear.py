@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from kernel_cases import CPU_FLAGS, DEVICE, pack_bitmask
 
-from kernels.cpu_linear import load
+from structspec.kernels.cpu_linear import load
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
 
@@ -145,7 +145,7 @@ def test_pruned_outputs_are_the_full_products_bits_where_asked_and_minus_inf_els
     groups holding them; each of those is linear's value bit for bit (the same chain over k,
     whether its group took every row or only the dense ones, in tiles of any size, on 1 or 2
     threads); every other output is -inf."""
-    from kernels.cpu_linear import GROUP_COLUMNS
+    from structspec.kernels.cpu_linear import GROUP_COLUMNS
 
     w, x = rand(n, k, seed=11, scale=0.05, dtype=dtype), rand(m, k, seed=12, dtype=dtype)
     packed = lib.pack(w, rand(n, seed=13, dtype=torch.float32) if with_bias else None)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import native
+from structspec.kernels import native
 from structspec.bench import bound
 
 FLAGS = set(native.cpu_flags().split())

@@ -12,9 +12,9 @@ import pytest
 import torch
 from kernel_cases import cu_from_lengths, random_batch
 
-import kernels
-from kernels.greedy import verify_greedy_torch, verify_greedy_triton
-from kernels.sampling import verify_sampling_torch, verify_sampling_triton
+from structspec import kernels
+from structspec.kernels.greedy import verify_greedy_torch, verify_greedy_triton
+from structspec.kernels.sampling import verify_sampling_torch, verify_sampling_triton
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 APPLICATION = ("structspec.api", "structspec.cli", "structspec.client", "structspec.demo", "structspec.bench",
-               "worker")
+               "structspec.worker")
 BELOW_SERVICES = APPLICATION + ("structspec.services",)
 FORBIDDEN = {
     "structspec/services": APPLICATION,
@@ -58,7 +58,7 @@ def test_lower_layers_never_import_higher_ones():
 def test_the_check_sees_function_level_imports(tmp_path):
     pkg = tmp_path / "structspec" / "db"
     pkg.mkdir(parents=True)
-    (pkg / "m.py").write_text("def f():\n    from structspec.api.services import jobs\n    import worker.tasks\n")
+    (pkg / "m.py").write_text("def f():\n    from structspec.api.services import jobs\n    import structspec.worker.tasks\n")
     assert violations("structspec/db", APPLICATION, root=tmp_path) == [
         "structspec/db/m.py:2 imports structspec.api.services", "structspec/db/m.py:2 imports structspec.api.services.jobs",
-        "structspec/db/m.py:3 imports worker.tasks"]
+        "structspec/db/m.py:3 imports structspec.worker.tasks"]

@@ -140,7 +140,7 @@ class LogitTap:
         monkeypatch.setattr(engine_module, "verify", verify)
 
     def observe(self, logits, bitmask, packed) -> None:
-        from kernels.bitmask import unpack_bitmask
+        from structspec.kernels.bitmask import unpack_bitmask
 
         for b, seq in enumerate(packed.decoding):
             doc = self.doc_of.get(seq.id)
