@@ -136,7 +136,7 @@ def test_the_engine_on_triton_attention_matches_none_one_at_a_time(tiny_normal_l
     from structspec.engine.engine import Engine, Request
     from tests.conftest import deepjsoneval_rows
     from tests.unit.engine.test_batched import WHITESPACE, References, Tally, options
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
 
     monkeypatch.setattr(structspec.kernels.attention, "BLOCK_M", 64)
     monkeypatch.setattr(structspec.kernels.attention, "BLOCK_N", 256)

@@ -203,7 +203,7 @@ def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, mo
     import structspec.kernels.cpu_forward
     from test_cpu_linear import bf16_loaded
 
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows

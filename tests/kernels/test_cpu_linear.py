@@ -227,7 +227,7 @@ def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_
     whatever the CPU's bf16 units) and in bf16: the same tokens for every request, while the
     pruned lm_head really ran on most decoding steps."""
     import structspec.engine.engine as engine_module
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows
@@ -322,7 +322,7 @@ def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny
     within the dtype's near-tie epsilon (tests/unit/engine/test_bf16.py, test_batched.py), and
     most runs never part."""
     import structspec.engine.engine as engine_module
-    from structspec.bench.exactness import bounded, compare
+    from bench.exactness import bounded, compare
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import structspec.engine.engine as engine_module
+from bench.exactness import bounded, compare
 from structspec.engine.engine import Engine, Request, RequestTooLarge
 from structspec.engine.prompt import build_prompt
-from structspec.bench.exactness import bounded, compare
 from structspec.engine.proposers import make_proposer
 from structspec.grammar import schema_hash, validate_instance
 from structspec.options import RequestOptions

@@ -1,6 +1,6 @@
 """Micro-benchmark of the verification kernels: Triton vs the torch reference.
 
-    python -m kernels.bench [--device cpu|cuda] [--quick] [--dtype bf16|fp16|fp32]
+    python -m bench.verify [--device cpu|cuda] [--quick] [--dtype bf16|fp16|fp32]
 
 Sweeps batch size B, draft length n and vocabulary size V and prints a
 Markdown table.  Drafts copy the masked argmax, so greedy verification
