@@ -146,7 +146,8 @@ def test_torch_backend_works_without_triton() -> None:
         """
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
-        import torch, kernels
+        import torch
+        from structspec import kernels
         logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
         bitmask = torch.tensor([[0b111], [0b110]], dtype=torch.int32)
         args = (logits, bitmask, torch.tensor([1]), torch.tensor([0, 1], dtype=torch.int32))
