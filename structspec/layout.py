@@ -14,6 +14,7 @@ never from wherever an editable install points. In a wheel it does nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -25,12 +26,17 @@ SUBPACKAGES = {"structspec.kernels": "kernels", "structspec.worker": "worker"}  
 DATA = ("migrations", "schemas", "examples")
 
 
+@functools.cache
 def checkout() -> Path | None:
-    """The repository this package was imported from; None where it runs installed (a wheel)."""
+    """The repository this package was imported from; None where it runs installed (a wheel:
+    site-packages holds no pyproject.toml of structspec's, whatever else lies beside it)."""
     root = PACKAGE.parent
-    if (root / "pyproject.toml").is_file() and all((root / f / "__init__.py").is_file() for f in SUBPACKAGES.values()):
-        return root
-    return None
+    try:
+        project = (root / "pyproject.toml").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    ours = '\nname = "structspec"\n' in project
+    return root if ours and all((root / f / "__init__.py").is_file() for f in SUBPACKAGES.values()) else None
 
 
 def data_dir(name: str) -> Path:
