@@ -81,7 +81,8 @@ def make_inputs(batch: int, num_draft: int, vocab: int, dtype: torch.dtype, devi
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Benchmark the structspec verification kernels.")
+    parser = argparse.ArgumentParser(prog="python -m bench.verify",
+                                     description="Benchmark the structspec verification kernels.")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="a small sweep with few iterations")
     parser.add_argument(
