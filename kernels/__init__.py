@@ -55,7 +55,7 @@ def resolve_backend(backend: Backend, device: torch.device) -> Literal["triton",
         raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
-    from kernels._triton import interpreter_enabled, triton_available
+    from structspec.kernels._triton import interpreter_enabled, triton_available
 
     if (device.type == "cuda" or interpreter_enabled()) and triton_available():
         return "triton"
@@ -80,13 +80,13 @@ def verify_greedy(
     Target at each row = argmax of the logits over allowed tokens (lowest id on
     ties; NaN/-inf logits count as disallowed).  Returns
     ``(output_tokens [B, max_n + 1], num_accepted [B])``, both int32, new tensors
-    on the logits' device.  See :func:`kernels.greedy.verify_greedy_triton`.
+    on the logits' device.  See :func:`structspec.kernels.greedy.verify_greedy_triton`.
     """
     if resolve_backend(backend, _device_of(logits)) == "triton":
-        from kernels.greedy import verify_greedy_triton
+        from structspec.kernels.greedy import verify_greedy_triton
 
         return verify_greedy_triton(logits, bitmask, draft_tokens, cu_num_draft)
-    from kernels.greedy import verify_greedy_torch
+    from structspec.kernels.greedy import verify_greedy_torch
 
     return verify_greedy_torch(logits, bitmask, draft_tokens, cu_num_draft)
 
@@ -109,14 +109,14 @@ def verify_sampling(
     :func:`make_sampling_randoms`); ``draft_probs`` float32 [sum n_b, V] or None
     for one-hot drafts.  Each emitted token is distributed as the masked,
     temperature-scaled target.  Returns ``(output_tokens, num_accepted)`` as
-    :func:`verify_greedy`.  See :func:`kernels.sampling.verify_sampling_triton`.
+    :func:`verify_greedy`.  See :func:`structspec.kernels.sampling.verify_sampling_triton`.
     """
     args = (logits, bitmask, draft_tokens, cu_num_draft, temperature, accept_uniform, sample_noise, draft_probs)
     if resolve_backend(backend, _device_of(logits)) == "triton":
-        from kernels.sampling import verify_sampling_triton
+        from structspec.kernels.sampling import verify_sampling_triton
 
         return verify_sampling_triton(*args)
-    from kernels.sampling import verify_sampling_torch
+    from structspec.kernels.sampling import verify_sampling_torch
 
     return verify_sampling_torch(*args)
 
@@ -124,11 +124,11 @@ def verify_sampling(
 def apply_bitmask_inplace(logits: torch.Tensor, bitmask: torch.Tensor, backend: Backend = "auto") -> None:
     """Set disallowed logits to -inf in place (``logits`` [N, V], ``bitmask`` int32 [N, ceil(V / 32)])."""
     if resolve_backend(backend, _device_of(logits)) == "triton":
-        from kernels.bitmask import apply_bitmask_inplace_triton
+        from structspec.kernels.bitmask import apply_bitmask_inplace_triton
 
         apply_bitmask_inplace_triton(logits, bitmask)
         return
-    from kernels.bitmask import apply_bitmask_inplace_torch
+    from structspec.kernels.bitmask import apply_bitmask_inplace_torch
 
     apply_bitmask_inplace_torch(logits, bitmask)
 
@@ -142,8 +142,8 @@ def make_sampling_randoms(
     """Per-sequence reproducible ``(accept_uniform, sample_noise)`` for :func:`verify_sampling`.
 
     One generator per sequence; uniforms lie in (0, 1] and the Exp(1) noise is
-    strictly positive.  See :func:`kernels.sampling.make_sampling_randoms`.
+    strictly positive.  See :func:`structspec.kernels.sampling.make_sampling_randoms`.
     """
-    from kernels.sampling import make_sampling_randoms as _make
+    from structspec.kernels.sampling import make_sampling_randoms as _make
 
     return _make(cu_num_draft, vocab_size, generators, device)

@@ -32,7 +32,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
+from structspec.kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
 
 __all__ = ["append_kv", "attend", "attention_reference", "step_tables"]
 

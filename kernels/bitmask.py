@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
-from kernels._validate import (
+from structspec.kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
+from structspec.kernels._validate import (
     LOGIT_DTYPES,
     check_bitmask,
     check_block_v,

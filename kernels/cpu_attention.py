@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import native
+from structspec.kernels import native
 
 __all__ = ["NativeAttention", "load"]
 
@@ -40,7 +40,7 @@ class NativeAttention:
         self.amx = bool(lib.structspec_attend_amx())
         # P.V of bf16 KV with the probabilities rounded to bf16 (vdpbf16ps; CPUs with AVX512-BF16),
         # as the GPU kernel's; fp32 probabilities elsewhere (and in builds of older sources, which
-        # lack the function: structspec.bench.attention --against times them)
+        # lack the function: bench.attention --against times them)
         self.p_bf16 = hasattr(lib, "structspec_attend_p_bf16") and bool(lib.structspec_attend_p_bf16())
         fn = lib.structspec_attend
         i64, ptr = ctypes.c_int64, ctypes.c_void_p

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import native
+from structspec.kernels import native
 
 __all__ = ["ForwardLayers", "LayerWeights", "Plan", "load"]
 

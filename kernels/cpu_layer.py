@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import native
+from structspec.kernels import native
 
 __all__ = ["LayerOps", "load"]
 

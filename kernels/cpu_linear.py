@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import native
+from structspec.kernels import native
 
 __all__ = ["GROUP_COLUMNS", "NativeLinear", "PackedWeight", "load"]
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
-from kernels._validate import RaggedBatch, check_block_v, check_ragged_batch, new_outputs
-from kernels.bitmask import unpack_bitmask
+from structspec.kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
+from structspec.kernels._validate import RaggedBatch, check_block_v, check_ragged_batch, new_outputs
+from structspec.kernels.bitmask import unpack_bitmask
 
 __all__ = ["verify_greedy_torch", "verify_greedy_triton"]
 

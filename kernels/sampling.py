@@ -33,8 +33,8 @@ from collections.abc import Sequence
 
 import torch
 
-from kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
-from kernels._validate import (
+from structspec.kernels._triton import interpreter_enabled, next_power_of_2, require_triton, tl, triton
+from structspec.kernels._validate import (
     RaggedBatch,
     check_block_v,
     check_dtype,
@@ -47,8 +47,8 @@ from kernels._validate import (
     check_unit_column_stride,
     new_outputs,
 )
-from kernels.bitmask import unpack_bitmask
-from kernels.greedy import ragged_to_padded
+from structspec.kernels.bitmask import unpack_bitmask
+from structspec.kernels.greedy import ragged_to_padded
 
 __all__ = ["make_sampling_randoms", "verify_sampling_torch", "verify_sampling_triton"]
 
@@ -260,7 +260,7 @@ def verify_sampling_triton(
 
     Args:
         logits, bitmask, draft_tokens, cu_num_draft: the ragged layout of
-            :func:`kernels.greedy.verify_greedy_triton`.
+            :func:`structspec.kernels.greedy.verify_greedy_triton`.
         temperature: float32 [B], finite and > 0.
         accept_uniform: float32 [sum(n_b)], uniforms in (0, 1], one per draft token.
         sample_noise: float32 [B, V], Exp(1) samples > 0; row b is used for

@@ -1,4 +1,5 @@
-"""`structspec` command line: extract, bench, and the service commands."""
+"""`structspec` command line: extract, and the service commands (serve, worker, migrate, keys, submit,
+batch, demo). The benchmarks are beside the product, in the repository's bench/ (`python -m bench.<name>`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from collections import deque
 from pathlib import Path
 
 from structspec.config import Settings, SettingsError
-from structspec.options import AUTO, JOB_STRATEGIES, OPTION_NAMES, SPECS, OptionError, RequestOptions
-from worker.watchdog import EXIT_ENGINE_HUNG
+from structspec.options import AUTO, OPTION_NAMES, SPECS, OptionError, RequestOptions
+from structspec.worker.watchdog import EXIT_ENGINE_HUNG
 
 
 class CliError(Exception):
@@ -326,48 +327,6 @@ def open_local_stats(settings: Settings, schema: dict, path: str):
     return local
 
 
-def cmd_bench_strategies(args) -> int:
-    from structspec.bench.strategies import run_strategy_bench
-
-    return run_strategy_bench(args, build_engine(settings_from(args)))
-
-
-def cmd_bench(args) -> int:
-    from structspec.bench.harness import run_harness
-
-    if not args.dataset:
-        raise CliError("structspec bench needs --dataset FILE.jsonl "
-                       "(or a sub-command: strategies, auto, load, kernels)")
-    return run_harness(args, build_engine(settings_from(args)))
-
-
-def cmd_bench_auto(args) -> int:
-    from structspec.bench.auto import run_auto_bench
-
-    return run_auto_bench(args, build_engine(settings_from(args)))
-
-
-def cmd_bench_load(args) -> int:
-    from structspec.bench.load import run_load_bench
-
-    if args.jobs < 1:
-        raise CliError("--jobs must be at least 1")
-    args.concurrency = args.concurrency or args.jobs
-    return run_load_bench(args)
-
-
-def cmd_bench_batch(args) -> int:
-    from structspec.bench.batch import run_batch_bench
-
-    return run_batch_bench(args, settings_from(args))
-
-
-def cmd_bench_kernels(args) -> int:
-    from kernels.bench import main as kernels_bench
-
-    return kernels_bench(args.rest) or 0
-
-
 def cmd_migrate(args) -> int:
     from sqlalchemy.engine import make_url
 
@@ -464,8 +423,8 @@ def cmd_worker(args) -> int:
     from celery.signals import setup_logging as celery_setup_logging
 
     from structspec.logs import setup_logging
-    from worker.app import app
-    from worker.tasks import prepare_model
+    from structspec.worker.app import app
+    from structspec.worker.tasks import prepare_model
 
     settings = app.structspec_settings
     setup_logging(log_format(settings), args.loglevel.upper())  # from the start: Celery's checks warn early
@@ -506,7 +465,7 @@ def cmd_worker(args) -> int:
 def _run_readers(app, args, settings: Settings) -> int:
     """A worker that only reads files (the ingest queue): no model, `--readers` task threads,
     each read in a child process of its own (structspec.ingest.read_isolated)."""
-    from worker.tasks import PROCESS
+    from structspec.worker.tasks import PROCESS
 
     PROCESS.reads_only = True  # its worker_ready hook then builds no engine
     readers = args.readers or os.cpu_count() or 1
@@ -628,12 +587,6 @@ def add_client_args(p: argparse.ArgumentParser, defaults: Settings, schema_requi
     p.add_argument(FLAGS["timeout_s"], type=int, dest="timeout_s", metavar="S", help=option_help("timeout_s", server))
 
 
-def cmd_conformance(args) -> int:
-    from structspec.bench.conformance import main as conformance
-
-    return conformance(args)
-
-
 def cmd_demo(args) -> int:
     from structspec.demo import run_demo
 
@@ -673,143 +626,6 @@ def add_extract_command(sub, defaults: Settings) -> None:
     add_decode_args(p, defaults)
     add_model_args(p)
     p.set_defaults(func=cmd_extract)
-
-
-BENCH_SYSTEMS = ("structspec:none,structspec:composite,structspec:auto,structspec:auto+verbatim,"
-                 "outlines,hf-prompt-lookup")
-
-
-def add_bench_command(sub, defaults: Settings) -> None:
-    top = sub.add_parser("bench", help="structspec against outlines and transformers' prompt lookup (or a "
-                                       "sub-benchmark: strategies, auto, load, batch, kernels)",
-                         description="Without a sub-command: run every --systems on the same documents, "
-                                     "interleaved, and report validity, accuracy, speed and memory per system "
-                                     "(Markdown on stdout; bench.json and PNG plots in --out).")
-    top.add_argument("--dataset", help="JSONL with {id, schema, text, gold?} per line")
-    top.add_argument("--systems", default=BENCH_SYSTEMS,
-                     help="comma-separated: structspec:<none|schema|ngram|composite|auto>[+verbatim], outlines, "
-                          "hf-prompt-lookup (default %(default)s)")
-    top.add_argument("--limit", type=int, default=8, help="measured documents")
-    top.add_argument("--warmup", type=int, default=0, help="documents only the auto systems run first")
-    top.add_argument("--max-tokens", type=int, default=384)
-    top.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
-    top.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
-    top.add_argument("--batch", type=int, default=1, metavar="N",
-                     help="documents handed to each system at once (default %(default)s): structspec decodes them "
-                          "together, outlines batches those of one schema, hf-prompt-lookup runs them one by one; "
-                          "the speed columns are then throughput over each group's wall clock")
-    top.add_argument("--out", help="write bench.json and plots here")
-    add_model_args(top)
-    top.set_defaults(func=cmd_bench)
-    bench = top.add_subparsers(dest="bench", required=False)
-    add_bench_strategies_command(bench, defaults)
-    add_bench_auto_command(bench, defaults)
-    add_bench_load_command(bench, defaults)
-    add_bench_batch_command(bench, defaults)
-    add_bench_kernels_command(bench, defaults)
-
-
-def add_bench_strategies_command(bench, defaults: Settings) -> None:
-    p = bench.add_parser("strategies", help="compare drafting strategies on a JSONL dataset")
-    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--strategies", default="none,schema,ngram,composite")
-    p.add_argument("--modes", default="free", help="free, verbatim or both (free,verbatim): each strategy in each mode")
-    p.add_argument("--draft-len", type=int, default=defaults.draft_len, metavar="K")
-    p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
-    p.add_argument("--out", help="write per-document records (JSON) here")
-    add_model_args(p)
-    p.set_defaults(func=cmd_bench_strategies)
-
-
-def add_bench_auto_command(bench, defaults: Settings) -> None:
-    p = bench.add_parser("auto", help="the auto selector against every fixed (strategy, k) arm it chooses from",
-                         description="Warm the selector up on the first --warmup documents (auto alone), then run "
-                                     "none, every fixed arm and auto interleaved on the next --limit documents and "
-                                     "compare decode throughput. Statistics are pooled for the whole dataset.")
-    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
-    p.add_argument("--warmup", type=int, default=8, help="documents run with auto alone first")
-    p.add_argument("--limit", type=int, default=10, help="measured documents after the warm-up")
-    p.add_argument("--strategies", default="schema,ngram,composite", help="proposers in the grid")
-    p.add_argument("--draft-lens", default="2,4,8,12", help="draft lengths in the grid")
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
-    p.add_argument("--half-life", type=float, default=defaults.stats_half_life,
-                   help="selector decay, in requests [env STRUCTSPEC_STATS_HALF_LIFE]")
-    p.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
-    p.add_argument("--verbatim", action="store_true", help="every run in verbatim mode")
-    p.add_argument("--out", help="write per-document records (JSON) here")
-    add_model_args(p)
-    p.set_defaults(func=cmd_bench_auto)
-
-
-def add_bench_load_command(bench, defaults: Settings) -> None:
-    p = bench.add_parser("load", help="many concurrent POST /v1/extractions against a real server and worker",
-                         description="Start `structspec serve` and a real `structspec worker` (default model; SQLite "
-                                     "+ embedded broker in a temporary directory unless --database-url/--broker-url), "
-                                     "fire --jobs small extraction jobs at once, wait until all are finished and "
-                                     "report errors, final statuses, submission latency percentiles and completion "
-                                     "throughput (Markdown on stdout, JSON in --out). Exit 1 on any error or "
-                                     "unfinished job.")
-    p.add_argument("--jobs", type=int, default=200, help="submissions (default %(default)s)")
-    p.add_argument("--concurrency", type=int, default=0, help="client threads (default: one per job)")
-    p.add_argument("--max-tokens", type=int, default=64, help="per job (default %(default)s)")
-    p.add_argument("--strategy", choices=JOB_STRATEGIES, help="job strategy (default: the server's, auto)")
-    p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds in all")
-    p.add_argument("--request-timeout", type=float, default=120, help="per HTTP request, seconds")
-    p.add_argument("--database-url", help="e.g. postgresql://postgres@127.0.0.1/structspec_load "
-                                          "(default: SQLite in a temporary directory)")
-    p.add_argument("--broker-url", help="e.g. redis://127.0.0.1:6379/0 (default: the embedded broker)")
-    p.add_argument("--worker-concurrency", type=int, default=0,
-                   help="the worker's --concurrency (task threads; default: the worker's own)")
-    p.add_argument("--threads", type=int, help="torch threads in the worker [env STRUCTSPEC_TORCH_THREADS]")
-    p.add_argument("--seed", type=int, default=0, help="seeds the generated documents")
-    p.add_argument("--out", default="bench-out/load.json", help="JSON record (default %(default)s)")
-    p.add_argument("--keep-logs", metavar="DIR", help="copy the server and worker logs here")
-    p.add_argument("--rate-limit", type=int, default=0, metavar="N",
-                   help="the server's rate_limit_per_minute (default 0 = off: one client firing --jobs at once "
-                        "is what the limiter refuses)")
-    p.set_defaults(func=cmd_bench_load)
-
-
-def add_bench_batch_command(bench, defaults: Settings) -> None:
-    p = bench.add_parser("batch", help="the batched engine against one sequence at a time (docs/benchmarks.md)",
-                         description="Parts a-f of the batched-engine benchmark (see structspec/bench/batch.py): "
-                                     "Markdown on stdout, batch.json, batch.md and batch_throughput.png in --out.")
-    p.add_argument("--parts", default="abcdef", help="which parts to run (default %(default)s)")
-    p.add_argument("--dataset", default="../shared/data/deepjsoneval_en.jsonl", help="JSONL for part a (skipped if absent)")
-    p.add_argument("--docs", type=int, default=32, help="a: the shortest documents measured")
-    p.add_argument("--warmup", type=int, default=4, help="documents auto learns from first (a, b, c)")
-    p.add_argument("--max-tokens", type=int, default=192, help="a: per document")
-    p.add_argument("--repeats", type=int, default=1, help="a: runs of each configuration (order alternates)")
-    p.add_argument("--receipts", type=int, default=32, help="b, c, d: synthetic receipts")
-    p.add_argument("--receipt-max-tokens", type=int, default=64, help="b: max_tokens per receipt")
-    p.add_argument("--seqs", default="1,4,16,32", help="c: engine_max_seqs values")
-    p.add_argument("--seqs-max-tokens", type=int, default=48, help="c, e: max_tokens per receipt")
-    p.add_argument("--seqs-repeats", type=int, default=1, help="c: runs of each configuration")
-    p.add_argument("--profile-tokens", type=int, default=16, help="e: max_tokens of the profiled run")
-    p.add_argument("--prefix-repeats", type=int, default=1, help="d: runs of cache on and off (order alternates)")
-    p.add_argument("--shape-contexts", default="400,1300",
-                   help="e: context lengths at which one forward pass is timed by shape (sequences x rows)")
-    p.add_argument("--low-kv-docs", type=int, default=64, help="f: receipts")
-    p.add_argument("--low-kv-fit", type=int, default=4, help="f: sequences the KV budget holds at most")
-    p.add_argument("--low-kv-tokens", type=int, default=32, help="f: max_tokens per receipt")
-    p.add_argument("--server-repeats", type=int, default=1, help="b: runs of each worker configuration")
-    p.add_argument("--server-timeout", type=float, default=1800, help="b: give up on a service after this many s")
-    p.add_argument("--server-single-posts", action="store_true",
-                   help="b: also the default worker with one POST /v1/extractions per document")
-    p.add_argument("--keep-logs", metavar="DIR", help="b: copy the server and worker logs here")
-    p.add_argument("--seed", type=int, default=0, help="receipts and auto's draws")
-    p.add_argument("--out", default="bench-out", help="directory for batch.json, batch.md, batch_throughput.png")
-    add_model_args(p)
-    p.set_defaults(func=cmd_bench_batch)
-
-
-def add_bench_kernels_command(bench, defaults: Settings) -> None:
-    p = bench.add_parser("kernels", help="verification kernel micro-benchmark (python -m kernels.bench)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_bench_kernels)
 
 
 def add_serve_command(sub, defaults: Settings) -> None:
@@ -900,18 +716,6 @@ def add_batch_command(sub, defaults: Settings) -> None:
     p.set_defaults(func=cmd_batch)
 
 
-def add_conformance_command(sub, defaults: Settings) -> None:
-    p = sub.add_parser("conformance", help="what the grammar backends enforce, on the JSON-Schema-Test-Suite "
-                                           "and JSONSchemaBench",
-                       description="Compile every schema as registration does and check that the grammar accepts "
-                                   "each valid test instance and refuses each invalid one; Markdown tables on stdout "
-                                   "(docs/conformance.md holds the latest).")
-    from structspec.bench.conformance import add_arguments as add_conformance_args
-
-    add_conformance_args(p)
-    p.set_defaults(func=cmd_conformance)
-
-
 def add_demo_command(sub, defaults: Settings) -> None:
     p = sub.add_parser("demo", help="end to end: API + worker on the embedded defaults, a batch of e-mails",
                        description="Start the API server and one worker as subprocesses (SQLite + embedded "
@@ -932,14 +736,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     add_extract_command(sub, defaults)
-    add_bench_command(sub, defaults)
     add_serve_command(sub, defaults)
     add_keys_command(sub, defaults)
     add_migrate_command(sub, defaults)
     add_worker_command(sub, defaults)
     add_submit_command(sub, defaults)
     add_batch_command(sub, defaults)
-    add_conformance_command(sub, defaults)
     add_demo_command(sub, defaults)
     return parser
 

@@ -25,8 +25,9 @@ import time
 from pathlib import Path
 
 from structspec.engine.grounding import leaves
+from structspec.layout import checkout
+from structspec.layout import data_dir as shipped_dir
 
-ROOT = Path(__file__).resolve().parents[1]
 # Documents the 135M default model reads correctly (most it does not: README, "Quick start").
 # The schema asks for verbatim values (x-structspec-verbatim), so every string is a span.
 DEMO_SCHEMA, DEMO_DOCUMENTS = "contact.json", "contact-*.txt"
@@ -44,14 +45,16 @@ def free_port() -> int:
 
 
 class Children:
-    """Subprocesses, each in its own process group, all stopped by stop_all()."""
+    """Subprocesses, each in its own process group, all stopped by stop_all(). They import the
+    same structspec as this process: a checkout goes first on their PYTHONPATH; an installed
+    one is in their interpreter's site-packages."""
 
     def __init__(self, env: dict[str, str], log_dir: Path):
         self.env, self.log_dir, self.procs = env, log_dir, {}
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         with (self.log_dir / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "structspec.cli", *args], cwd=ROOT, env=self.env,
+            proc = subprocess.Popen([sys.executable, "-m", "structspec.cli", *args], cwd=self.log_dir, env=self.env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc
@@ -91,7 +94,8 @@ def run_demo(args) -> int:
     port = args.port or free_port()
     env = {k: v for k, v in os.environ.items()
            if k not in ("STRUCTSPEC_DATA_DIR", "STRUCTSPEC_DATABASE_URL", "STRUCTSPEC_BROKER_URL")}
-    env.update(STRUCTSPEC_DATA_DIR=str(data_dir), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    env.update(STRUCTSPEC_DATA_DIR=str(data_dir),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(checkout() or ""), env.get("PYTHONPATH")])),
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     children = Children(env, data_dir)
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
@@ -105,11 +109,11 @@ def run_demo(args) -> int:
         say("starting a worker (loads the model once)")
         children.start("worker", "worker")
         with httpx.Client(base_url=base, timeout=30) as http:
-            schema = json.loads((ROOT / "schemas" / DEMO_SCHEMA).read_text())
+            schema = json.loads((shipped_dir("schemas") / DEMO_SCHEMA).read_text())
             r = http.post("/v1/schemas", json={"name": "contact", "schema": schema})
             r.raise_for_status()
             docs = [{"id": p.name, "document": p.read_text(encoding="utf-8")}
-                    for p in sorted((ROOT / "examples").glob(DEMO_DOCUMENTS))]
+                    for p in sorted(shipped_dir("examples").glob(DEMO_DOCUMENTS))]
             r = http.post("/v1/batches", json={"schema_id": r.json()["id"], "documents": docs})
             r.raise_for_status()
             batch_id = r.json()["id"]
@@ -138,7 +142,7 @@ def run_demo(args) -> int:
             for line in acceptance_summary(stats.json()):
                 say(line)
         for name, what in FILE_DOCUMENTS.items():
-            file_demo(ROOT / "examples" / name, what, env, deadline, say)
+            file_demo(shipped_dir("examples") / name, what, env, deadline, say)
         say(f"done: batch {batch['status']}")
         failed = batch["counts"]["failed"] + batch["counts"]["cancelled"]
         if failed:  # the service worked; the model did not get every document right
@@ -163,8 +167,9 @@ def run_demo(args) -> int:
 def file_demo(path: Path, what: str, env: dict[str, str], deadline: float, say) -> None:
     """A file of examples/ (a PDF, an image) through `structspec extract --spans --overlay`: each
     value, its page and box, and the overlay PNG written."""
-    say(f"{what}: {path.relative_to(ROOT)} through `structspec extract --verbatim --spans --overlay {OVERLAY_DIR}`")
-    run = subprocess.run([sys.executable, "-m", "structspec.cli", "extract", "--schema", str(ROOT / "schemas" / FILE_SCHEMA),
+    say(f"{what}: examples/{path.name} through `structspec extract --verbatim --spans --overlay {OVERLAY_DIR}`")
+    run = subprocess.run([sys.executable, "-m", "structspec.cli", "extract",
+                          "--schema", str(shipped_dir("schemas") / FILE_SCHEMA),
                           str(path), "--verbatim", "--spans", "--overlay", str(OVERLAY_DIR), "--max-tokens", "200"],
                          env=env, capture_output=True, text=True, timeout=max(deadline - time.monotonic(), 30))
     for line in run.stderr.splitlines():

@@ -1,7 +1,7 @@
-"""The Celery app, built from Settings. Tasks live in worker.tasks (`include`), so importing
+"""The Celery app, built from Settings. Tasks live in structspec.worker.tasks (`include`), so importing
 this module (the API does, to publish) pulls in neither torch nor the model.
 
-    celery -A worker.app worker --pool threads   # or: structspec worker [--concurrency N]
+    celery -A structspec.worker.app worker --pool threads   # or: structspec worker [--concurrency N]
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def make_celery(settings: Settings) -> Celery:
         ensure_sqlite_dir(settings.broker_url)  # the embedded broker's file needs its directory
     except OSError:
         pass  # reported when used (health check 503, submit 503, worker start-up error)
-    app = Celery("structspec", broker=settings.broker_url, include=["worker.tasks", "worker.ingest"])
+    app = Celery("structspec", broker=settings.broker_url,
+                 include=["structspec.worker.tasks", "structspec.worker.ingest"])
     if settings.broker_url.startswith("sqla+"):
         # The embedded broker is polled: kombu's virtual transports look for a message once a
         # second when the queue is empty, so a job submitted alone waited 0.5 s on average (up to

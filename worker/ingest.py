@@ -32,7 +32,7 @@ from structspec.db.files import FileRepository
 from structspec.db.jobs import JobRepository
 from structspec.db.retry import retrying
 from structspec.logs import preview, safe_traceback
-from worker.app import READ_FILES, app, enqueue
+from structspec.worker.app import READ_FILES, app, enqueue
 
 log = logging.getLogger("structspec.worker.ingest")
 
@@ -56,7 +56,7 @@ class ReadTask(Task):
 def read_files(self: ReadTask, job_ids: list[str]) -> dict[str, int]:
     """Read the file of each job in `job_ids` (one per message, as enqueue_reads sends them);
     returns counts (for logs)."""
-    from worker.tasks import PROCESS  # the process's session factory (no engine is built by it)
+    from structspec.worker.tasks import PROCESS  # the process's session factory (no engine is built by it)
 
     settings = self.settings
     sessions = PROCESS.sessions(settings)

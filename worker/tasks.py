@@ -51,11 +51,11 @@ from structspec.grammar.verbatim import uses_verbatim
 from structspec.logs import preview
 from structspec.options import AUTO, OptionError, RequestOptions, timeout_error
 from structspec.services.strategy import InFlight, acceptance_curve, concrete_options
-from worker.app import RUN_JOBS, app, enqueue, enqueue_reads, queue_depth, report_engine_busy
-from worker.progress import PROGRESS, Pieces
-from worker.retention import PURGE_EVERY_S, purge_expired
-from worker.watchdog import EXIT_ENGINE_HUNG, Watchdog
-from worker.webhooks import deliver_webhooks
+from structspec.worker.app import RUN_JOBS, app, enqueue, enqueue_reads, queue_depth, report_engine_busy
+from structspec.worker.progress import PROGRESS, Pieces
+from structspec.worker.retention import PURGE_EVERY_S, purge_expired
+from structspec.worker.watchdog import EXIT_ENGINE_HUNG, Watchdog
+from structspec.worker.webhooks import deliver_webhooks
 
 log = logging.getLogger("structspec.worker")
 

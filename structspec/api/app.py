@@ -49,7 +49,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or Settings.from_env()
     engine = make_engine(settings.database_url)
     health = HealthService(engine, settings.broker_url)
-    from worker.app import make_celery  # celery only, no torch: publishes job ids
+    from structspec.worker.app import make_celery  # celery only, no torch: publishes job ids
 
     publisher = make_celery(settings)
     limiter = RateLimiter(settings.rate_limit_per_minute, settings.rate_limit_burst)

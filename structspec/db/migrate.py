@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
 from structspec.db.session import make_engine
-
-# migrations/ and alembic.ini live at the repository root, next to the package.
-ROOT = Path(__file__).resolve().parents[2]
-MIGRATIONS_DIR = ROOT / "migrations"
-ALEMBIC_INI = ROOT / "alembic.ini"
+from structspec.layout import checkout, data_dir
 
 
 def alembic_config(database_url: str) -> Config:
-    """An Alembic config for this checkout's migrations, bound to `database_url`.
+    """An Alembic config for the package's migrations (the installed package's, or a checkout's
+    migrations/), bound to `database_url`.
 
     The URL goes through `config.attributes`, not `sqlalchemy.url`: the ini parser would
-    treat a `%` in a percent-encoded password as interpolation.
+    treat a `%` in a percent-encoded password as interpolation. A checkout's alembic.ini (for
+    `alembic revision` there: the file names' template) is read where there is one; a wheel has
+    none and needs none.
     """
-    cfg = Config(str(ALEMBIC_INI)) if ALEMBIC_INI.exists() else Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    root = checkout()
+    ini = root / "alembic.ini" if root is not None else None
+    cfg = Config(str(ini)) if ini is not None and ini.is_file() else Config()
+    cfg.set_main_option("script_location", str(data_dir("migrations")))
     cfg.attributes["database_url"] = database_url
     cfg.attributes["configure_logging"] = False  # keep the host process's logging (uvicorn, pytest)
     return cfg

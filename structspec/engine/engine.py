@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
+from structspec import kernels
 from structspec.config import Settings
 from structspec.engine.grounding import confidences, find_spans
 from structspec.engine.cost import EXPLORE_EVERY, PassCostCurve, choose_draft_lens

@@ -351,7 +351,7 @@ def ragged_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
 
     layer = module.layer_idx
     if step.attention == "triton":
-        from kernels.attention import attend
+        from structspec.kernels.attention import attend
 
         k_table, v_table, seg_table = step.tables(layer, query.device)
         out = attend(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), k_table, v_table,
@@ -470,7 +470,7 @@ def native_layout(layout: KVLayout, dtype: torch.dtype, device: torch.device, ca
     (key_dim, value_dim), = dims
     if key_dim % 8 or value_dim % 8:
         raise RuntimeError(f"head sizes {key_dim}/{value_dim} are not multiples of 8")
-    from kernels.cpu_attention import load
+    from structspec.kernels.cpu_attention import load
 
     lib = load(key_dim, value_dim, cache_dir)
     return lib, KVLayout(tuple(dataclasses.replace(s, dtype=dtype) for s in layout.layers))

@@ -293,7 +293,7 @@ class LeanForward:
         packed = [m.native_packed() if isinstance(m, PackedLinear) else None for m in gemms]
         if any(p is None for p in packed):
             return None
-        from kernels.cpu_forward import LayerWeights
+        from structspec.kernels.cpu_forward import LayerWeights
 
         weights = [LayerWeights(layer.norm1, layer.eps1, *packed[4 * i:4 * i + 2], layer.norm2, layer.eps2,
                                 *packed[4 * i + 2:4 * i + 4]) for i, layer in enumerate(self.layers)]

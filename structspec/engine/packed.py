@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels.cpu_linear import GROUP_COLUMNS
+from structspec.kernels.cpu_linear import GROUP_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def native_linear(kernel_backend: str, model: nn.Module, cache_dir):
     if param.dtype == torch.float32 and cpu_has_bf16_matmul():
         return None  # fp32 only where asked for there (auto runs bf16): oneDNN's, not measured against the C loop
     try:
-        from kernels.cpu_linear import load
+        from structspec.kernels.cpu_linear import load
 
         native = load(cache_dir)
     except Exception as e:  # no compiler, a CPU with neither AVX-512F nor AVX2: oneDNN's packing

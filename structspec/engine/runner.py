@@ -70,7 +70,7 @@ def attention_backend(kernel_backend: str, device: torch.device) -> str:
     if kernel_backend == "triton":
         return "triton"
     if kernel_backend == "auto" and device.type == "cuda":
-        from kernels._triton import triton_available
+        from structspec.kernels._triton import triton_available
 
         return "triton" if triton_available() else "torch"
     if kernel_backend == "auto" and device.type == "cpu":
@@ -237,7 +237,7 @@ def with_lean(runner: BatchedRunner, pack: bool, linear=None) -> BatchedRunner:
     ops = None
     if runner.attention == "native":  # the elementwise steps in C too (kernels/cpu_layer.c)
         try:
-            from kernels.cpu_layer import load
+            from structspec.kernels.cpu_layer import load
 
             ops = load(runner.cache_dir)
         except Exception as e:  # no compiler, a failed build: eager torch between the GEMMs
@@ -245,7 +245,7 @@ def with_lean(runner: BatchedRunner, pack: bool, linear=None) -> BatchedRunner:
     layer_loop = None
     if ops is not None and linear is not None:  # a pass's layer loop in C (kernels/cpu_forward.c)
         try:
-            from kernels.cpu_forward import load as load_layer_loop
+            from structspec.kernels.cpu_forward import load as load_layer_loop
 
             layer_loop = load_layer_loop(runner.cache_dir)
         except Exception as e:  # no compiler, a failed build: the layer loop in Python

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import torch
 
-import kernels
-from kernels.greedy import accept_targets
+from structspec import kernels
 from structspec.engine.kv_cache import Segment
 from structspec.engine.runner import StepInputs
 from structspec.engine.sequence import Sequence
+from structspec.kernels.greedy import accept_targets
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,7 @@ def native_verifier(kernel_backend: str, device: torch.device, cache_dir):
     if kernel_backend != "auto" or device.type != "cpu":
         return None
     try:
-        from kernels.cpu_layer import load
+        from structspec.kernels.cpu_layer import load
 
         return load(cache_dir)
     except Exception as e:  # no compiler, a failed build
@@ -184,7 +184,7 @@ def _verify_sampled(logits, bitmask, packed: Packed, which: list[int], vocab_siz
 
 def masked_rows(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | slice) -> torch.Tensor:
     """The logits of `rows` in float32 with every token the grammar disallows at -inf."""
-    from kernels.bitmask import unpack_bitmask
+    from structspec.kernels.bitmask import unpack_bitmask
 
     if isinstance(rows, slice):
         x, words = logits[rows], bitmask[rows]

@@ -1,4 +1,4 @@
-"""llguidance backend (compile and mask times: docs/conformance.md, `structspec conformance`)."""
+"""llguidance backend (compile and mask times: docs/conformance.md, `python -m bench.conformance`)."""
 
 from __future__ import annotations
 

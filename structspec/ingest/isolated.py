@@ -100,7 +100,7 @@ def read_isolated(data: bytes, media_type: str | None = None, name: str | None =
 
 def measure(data: bytes, media_type: str | None = None, name: str | None = None, *, limits: Limits,
             _fault: str | None = None) -> Reading:
-    """read_isolated(), with what it cost (for structspec.bench.hostile and the tests), the
+    """read_isolated(), with what it cost (for bench.hostile and the tests), the
     error returned rather than raised. `_fault` (tests only) names a function of _FAULTS that
     the reading process runs first ("name" or "name:argument")."""
     timeout = (f"reading the document took longer than its limit of {limits.timeout_s:g} s "

@@ -14,7 +14,7 @@ memory is the reading process's to bound: under read_isolated the command inheri
 process's address-space limit, and a run that fails for want of memory is 413 read_memory.
 
 It was picked over rapidocr-onnxruntime 1.4.4 (PaddleOCR's PP-OCRv4 models on onnxruntime,
-a pip wheel) on the invoices of ../shared/data (structspec/bench/ocr.py, docs/benchmarks.md):
+a pip wheel) on the invoices of ../shared/data (bench/ocr.py, docs/benchmarks.md):
 rapidocr's recogniser runs English words together ("OfficeChair"), so it kept 0.47 of the
 text layer's words to Tesseract's 0.94, and 120 of 134 expected field values to 133, in
 4.2 s a page to 1.5 (one thread each).

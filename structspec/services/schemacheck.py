@@ -36,12 +36,12 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
+
+from structspec.layout import checkout
 
 MAX_CHILDREN = 2  # checks running at once in one API process; a child holds the grammar engine's imports
 START_TIMEOUT_S = 120.0  # a child's start (interpreter, jsonschema, llguidance), on a loaded machine too
-_ROOT = str(Path(__file__).resolve().parents[2])  # the directory holding the structspec package
 
 
 class CheckTimeout(Exception):
@@ -70,8 +70,11 @@ class _Child:
 
     def __init__(self) -> None:
         env = dict(os.environ)
-        # the child imports the same structspec as this process, wherever that came from
-        env["PYTHONPATH"] = _ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # the child imports the same structspec as this process: a checkout first on its path (an
+        # installed one is in the interpreter's site-packages)
+        root = checkout()
+        if root is not None:
+            env["PYTHONPATH"] = str(root) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.proc = subprocess.Popen([sys.executable, "-m", "structspec.services.schemacheck"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
         self.pid = self.proc.pid

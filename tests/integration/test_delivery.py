@@ -265,7 +265,7 @@ def test_a_worker_whose_engine_hangs_exits_for_its_supervisor_and_another_worker
     worker started then (as a supervisor would) re-queues them once their leases run out and
     finishes them; the job that hung had two attempts, each outcome is written once."""
     from stalling_worker import HANG_MARKER
-    from worker.watchdog import EXIT_ENGINE_HUNG
+    from structspec.worker.watchdog import EXIT_ENGINE_HUNG
 
     with deployment("redis", tiny_model, tmp_path, lease_s=3, script=STALLING_WORKER, engine_watchdog_s=2) as d:
         documents = ["document 0", f"document 1 {HANG_MARKER}", "document 2"]

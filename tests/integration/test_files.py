@@ -41,18 +41,18 @@ def blank_pdf() -> bytes:
 @pytest.fixture
 def published(monkeypatch):
     """What the API and the reader publish: {"jobs": [...], "reads": [...]} (no broker)."""
-    import worker.app
-    import worker.ingest
+    import structspec.worker.app
+    import structspec.worker.ingest
 
     sent: dict[str, list[uuid.UUID]] = {"jobs": [], "reads": []}
-    monkeypatch.setattr(worker.app, "enqueue", lambda app, ids, chunk_size=None: sent["jobs"].extend(ids))
-    monkeypatch.setattr(worker.ingest, "enqueue", lambda app, ids, chunk_size=None: sent["jobs"].extend(ids))
-    monkeypatch.setattr(worker.app, "enqueue_reads", lambda app, ids: sent["reads"].extend(ids))
+    monkeypatch.setattr(structspec.worker.app, "enqueue", lambda app, ids, chunk_size=None: sent["jobs"].extend(ids))
+    monkeypatch.setattr(structspec.worker.ingest, "enqueue", lambda app, ids, chunk_size=None: sent["jobs"].extend(ids))
+    monkeypatch.setattr(structspec.worker.app, "enqueue_reads", lambda app, ids: sent["reads"].extend(ids))
     return sent
 
 
 def read(settings, sessions, job_id) -> str:
-    from worker.ingest import read_one
+    from structspec.worker.ingest import read_one
 
     return read_one(sessions, settings, uuid.UUID(str(job_id)))
 
@@ -82,10 +82,10 @@ def test_a_file_is_checked_at_submission_and_read_by_a_reader_not_the_request(cl
     assert [(x["id"], x["phase"]) for x in listed] == [(job_id, "reading")]
     monkeypatch.undo()  # the reader reads for real
     published["reads"].clear()
-    import worker.app
-    import worker.ingest
-    monkeypatch.setattr(worker.ingest, "enqueue", lambda app, ids, chunk_size=None: published["jobs"].extend(ids))
-    monkeypatch.setattr(worker.app, "enqueue", lambda app, ids, chunk_size=None: published["jobs"].extend(ids))
+    import structspec.worker.app
+    import structspec.worker.ingest
+    monkeypatch.setattr(structspec.worker.ingest, "enqueue", lambda app, ids, chunk_size=None: published["jobs"].extend(ids))
+    monkeypatch.setattr(structspec.worker.app, "enqueue", lambda app, ids, chunk_size=None: published["jobs"].extend(ids))
 
     assert read(settings, sessions, job_id) == "read"
     row = job_row(sessions, job_id)

@@ -127,9 +127,9 @@ def _fill(value: Any, sid: str) -> Any:
 @pytest.mark.parametrize("case, method, url, kwargs, status, phrase", CASES, ids=[c[0] for c in CASES])
 def test_edge_input_gets_its_status_and_a_message_naming_the_problem(edge_client, case, method, url, kwargs,
                                                                       status, phrase, monkeypatch):
-    import worker.app
+    import structspec.worker.app
 
-    monkeypatch.setattr(worker.app, "enqueue", lambda app, ids, chunk_size=None: None)  # no broker needed
+    monkeypatch.setattr(structspec.worker.app, "enqueue", lambda app, ids, chunk_size=None: None)  # no broker needed
     sid = edge_client.post("/v1/schemas", json={"name": "base", "schema": OBJECT}).json()["id"]
     r = edge_client.request(method, _fill(url, sid), **_fill(kwargs, sid))
     assert r.status_code == status, r.text

@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from integration_helpers import assert_error, id_param
 from structspec.db.columns import utcnow
 from structspec.db.models import OpenAIBatchRecord
-from worker import retention
-from worker.retention import Purged, purge_expired
+from structspec.worker import retention
+from structspec.worker.retention import Purged, purge_expired
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 
@@ -253,7 +253,7 @@ def test_retention_sweeps_a_backlog_in_short_transactions_over_several_rounds(cl
 
 
 def test_a_workers_reaper_thread_sweeps_when_it_starts(client, settings, sessions, schema_id, monkeypatch):
-    from worker import tasks
+    from structspec.worker import tasks
 
     monkeypatch.setattr(tasks, "reap", lambda *_: 0)  # the lease and republish rounds are tested elsewhere
     job = submit(client, schema_id)

@@ -400,12 +400,12 @@ def test_cancel_queued_job_and_batch_and_409_for_finished_jobs(stack, monkeypatc
     starts nothing). A batch cancelled while its jobs decode: the worker's lease keeper sees the
     cancel and the engine stops them mid-output, nothing is stored, and the worker goes on to
     the next job. Cancelling a finished job is a 409; an unknown one a 404."""
-    import worker.app
-    from worker.app import enqueue, make_celery
+    import structspec.worker.app
+    from structspec.worker.app import enqueue, make_celery
 
     # The queued job's message goes out only after the cancel, so the worker's claim must find it
     # cancelled (with the API's own publish the worker could win the race and run it).
-    monkeypatch.setattr(worker.app, "enqueue", lambda *a, **k: None)
+    monkeypatch.setattr(structspec.worker.app, "enqueue", lambda *a, **k: None)
     job_id = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "late"}).json()["id"]
     monkeypatch.undo()
     cancelled = stack.client.post(f"/v1/extractions/{job_id}/cancel")
@@ -697,9 +697,9 @@ def test_jobs_committed_but_never_published_complete_with_no_restart(stack, monk
     """As if the API died between its commit and its publish: the rows are there, no message
     is. The worker's reaper publishes them again once job_republish_after_s has passed with
     the broker's queue empty."""
-    import worker.app
+    import structspec.worker.app
 
-    monkeypatch.setattr(worker.app, "enqueue", lambda *a, **k: None)  # the publish never happens
+    monkeypatch.setattr(structspec.worker.app, "enqueue", lambda *a, **k: None)  # the publish never happens
     r = stack.client.post("/v1/batches", json={"schema_id": stack.schema_id,
                                                "documents": [{"document": f"stranded {i}"} for i in range(5)]})
     single = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "stranded"})
@@ -715,7 +715,7 @@ def test_jobs_committed_but_never_published_complete_with_no_restart(stack, monk
 
 
 def test_a_job_published_again_though_not_lost_still_runs_once(stack):
-    from worker.app import enqueue, make_celery
+    from structspec.worker.app import enqueue, make_celery
 
     r = stack.client.post("/v1/extractions", json={"schema_id": stack.schema_id, "document": "label a"})
     job = stack.wait_job(r.json()["id"])

@@ -33,7 +33,7 @@ def tiny_model(tmp_path_factory) -> str:
 @pytest.fixture
 def worker_here(settings, tiny_model, monkeypatch):
     """worker.tasks with the test's database and the tiny model, in this process."""
-    from worker import tasks
+    from structspec.worker import tasks
 
     process = tasks._Process()
     monkeypatch.setattr(tasks, "PROCESS", process)

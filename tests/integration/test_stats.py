@@ -295,7 +295,7 @@ def test_worker_resolves_auto_and_records_stats_with_the_result_only_while_it_ho
     concrete strategy with the schema's acceptance curve; stats are written in the result's
     transaction, and not at all when the result is not stored (lease lost / cancelled)."""
     from structspec.db.jobs import JobRepository
-    from worker import tasks
+    from structspec.worker import tasks
 
     loop = FakeLoop(engine_result)
     monkeypatch.setattr(tasks.PROCESS, "loop", lambda _settings: loop)
@@ -336,7 +336,7 @@ def test_worker_fails_a_job_whose_stored_options_it_cannot_read_naming_the_optio
     """A row written by another version is failed with the option named, never left running
     for the reaper to re-queue forever."""
     from structspec.db.jobs import JobRepository
-    from worker import tasks
+    from structspec.worker import tasks
 
     monkeypatch.setattr(tasks.PROCESS, "loop", lambda _settings: pytest.fail("the engine ran"))
     sid = uuid.UUID(schema_id)

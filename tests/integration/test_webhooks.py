@@ -18,8 +18,8 @@ from litestar.testing import TestClient
 from integration_helpers import Receiver, assert_error, id_param
 from structspec.api.app import create_app
 from structspec.db.jobs import BatchRepository
-from worker import webhooks
-from worker.webhooks import deliver_webhooks
+from structspec.worker import webhooks
+from structspec.worker.webhooks import deliver_webhooks
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 SECRET = "s3cret"

@@ -28,10 +28,10 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels.attention import _append_kv_kernel, _attend_kernel  # noqa: E402
-from kernels.bitmask import _apply_bitmask_kernel  # noqa: E402
-from kernels.greedy import _verify_greedy_kernel  # noqa: E402
-from kernels.sampling import _verify_sampling_kernel  # noqa: E402
+from structspec.kernels.attention import _append_kv_kernel, _attend_kernel  # noqa: E402
+from structspec.kernels.bitmask import _apply_bitmask_kernel  # noqa: E402
+from structspec.kernels.greedy import _verify_greedy_kernel  # noqa: E402
+from structspec.kernels.sampling import _verify_sampling_kernel  # noqa: E402
 
 def _signature(kernel, pointer_types: dict[str, str], constexprs: dict[str, object]) -> dict[str, str]:
     sig = {}

@@ -25,8 +25,8 @@ if not ON_CUDA:
 
 _ROOT = Path(__file__).resolve().parents[2]
 _HERE = Path(__file__).resolve().parent
-# The project may not be pip-installed; make `import kernels` resolve to this
-# checkout, and the helpers next to this file importable by name.
+# The project may not be pip-installed; make `import structspec` (and with it structspec.kernels,
+# structspec/layout.py) resolve to this checkout, and the helpers next to this file importable by name.
 for _path in (str(_ROOT), str(_HERE)):
     if _path not in sys.path:
         sys.path.insert(0, _path)
@@ -34,7 +34,8 @@ for _path in (str(_ROOT), str(_HERE)):
 # If something imported the kernel modules before this conftest ran (e.g. a
 # test collected earlier in the same session), their kernels were decorated
 # for compilation; re-import them, dependencies first, so they interpret.
-for _name in ("kernels.bitmask", "kernels.greedy", "kernels.sampling", "kernels.attention"):
+for _name in ("structspec.kernels.bitmask", "structspec.kernels.greedy", "structspec.kernels.sampling",
+              "structspec.kernels.attention"):
     if _name in sys.modules:
         importlib.reload(sys.modules[_name])
 

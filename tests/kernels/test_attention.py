@@ -9,7 +9,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE
 
-from kernels.attention import append_kv, attend, attention_reference, step_tables
+from structspec.kernels.attention import append_kv, attend, attention_reference, step_tables
 ENGINE_ON_CPU = pytest.mark.skipif(DEVICE.type == "cuda", reason="the engine tests run the interpreter on the CPU; "
                                    "on a GPU the kit's exactness stage runs the engine")
 # (rows, past) per sequence: one-row decode steps, multi-row verification, a first prefill
@@ -131,15 +131,15 @@ def test_the_engine_on_triton_attention_matches_none_one_at_a_time(tiny_normal_l
     near-tie (tests/unit/engine/test_batched.py's rule and EPS). In tiles of 64 queries by 256
     keys rather than the kernel's 16 by 64: the interpreter pays per program and per operation,
     not per element, and the tests above check the kernel's own tiles against the reference."""
-    import kernels.attention
+    import structspec.kernels.attention
 
     from structspec.engine.engine import Engine, Request
     from tests.conftest import deepjsoneval_rows
     from tests.unit.engine.test_batched import WHITESPACE, References, Tally, options
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
 
-    monkeypatch.setattr(kernels.attention, "BLOCK_M", 64)
-    monkeypatch.setattr(kernels.attention, "BLOCK_N", 256)
+    monkeypatch.setattr(structspec.kernels.attention, "BLOCK_M", 64)
+    monkeypatch.setattr(structspec.kernels.attention, "BLOCK_N", 256)
     engine = Engine(tiny_normal_loaded, kernel_backend="triton", engine_max_seqs=3, json_whitespace=WHITESPACE)
     assert engine.runner.attention == "triton"
     references = References(tiny_normal_loaded)
@@ -157,13 +157,13 @@ def test_the_engine_on_triton_attention_matches_none_one_at_a_time(tiny_normal_l
 
 @ENGINE_ON_CPU
 def test_a_triton_attention_that_fails_its_check_falls_back_to_torch(tiny_normal_loaded, monkeypatch, caplog):
-    import kernels.attention
+    import structspec.kernels.attention
     from structspec.engine.runner import make_runner
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel today")
 
-    monkeypatch.setattr(kernels.attention, "attend", broken)
+    monkeypatch.setattr(structspec.kernels.attention, "attend", broken)
     with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
         runner = make_runner(tiny_normal_loaded.model, "triton")
     assert runner.batched and runner.attention == "torch"

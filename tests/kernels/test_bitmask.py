@@ -6,7 +6,7 @@ import pytest
 import torch
 from kernel_cases import DEVICE, LOGIT_DTYPES, pack_bitmask
 
-from kernels.bitmask import apply_bitmask_inplace_torch, apply_bitmask_inplace_triton, unpack_bitmask
+from structspec.kernels.bitmask import apply_bitmask_inplace_torch, apply_bitmask_inplace_triton, unpack_bitmask
 
 
 def test_unpack_matches_python_loop() -> None:
@@ -61,7 +61,7 @@ def test_strided_rows_do_not_touch_padding_columns() -> None:
 def test_empty_rows_is_a_no_op(monkeypatch) -> None:
     """Zero rows launch nothing (a grid of zero programs is an error on some backends) and
     return; rows with a wrong bitmask width are still refused."""
-    import kernels.bitmask as bitmask_module
+    import structspec.kernels.bitmask as bitmask_module
 
     class NoLaunch:
         def __getitem__(self, grid):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from kernel_cases import CPU_FLAGS, CPU_VENDOR, DEVICE
 
-from kernels import native
-from kernels.attention import attention_reference
-from kernels.cpu_attention import FLAGS, SOURCE, NativeAttention, load
+from structspec.kernels import native
+from structspec.kernels.attention import attention_reference
+from structspec.kernels.cpu_attention import FLAGS, SOURCE, NativeAttention, load
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
 # (rows, past): decode rows, verification rows, a long context (several key blocks of 64)
@@ -285,7 +285,7 @@ def test_no_compiler_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_the_engine_picks_the_native_attention_on_a_cpu_and_falls_back_when_it_fails(tiny_normal_loaded,
                                                                                     monkeypatch, caplog, tmp_path):
-    import kernels.cpu_attention
+    import structspec.kernels.cpu_attention
     from structspec.engine.runner import make_runner
 
     runner = make_runner(tiny_normal_loaded.model, "auto", cache_dir=tmp_path)
@@ -295,7 +295,7 @@ def test_the_engine_picks_the_native_attention_on_a_cpu_and_falls_back_when_it_f
     def broken(self, *args, **kwargs):
         raise RuntimeError("no kernel today")
 
-    monkeypatch.setattr(kernels.cpu_attention.NativeAttention, "attend", broken)
+    monkeypatch.setattr(structspec.kernels.cpu_attention.NativeAttention, "attend", broken)
     with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
         runner = make_runner(tiny_normal_loaded.model, "auto", cache_dir=tmp_path)
     assert runner.batched and runner.attention == "torch"

@@ -11,7 +11,7 @@ from kernel_cases import DEVICE
 from test_cpu_layer import llama
 from test_cpu_linear import ENGINE_PICKS_F32, ENGINE_PICKS_IT, HAS_KERNEL, needs_dpbf16
 
-from kernels import cpu_linear
+from structspec.kernels import cpu_linear
 from tests.unit.engine.test_lean import some_rows_match_all_rows, steps
 
 pytestmark = [pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones"),
@@ -130,10 +130,10 @@ def test_an_fp32_plan_refuses_bf16_rows_and_bf16_kv(shared_cache):
 
 @needs_dpbf16
 def test_a_loop_that_fails_the_check_is_dropped_and_the_fused_steps_kept(monkeypatch, caplog, shared_cache):
-    import kernels.cpu_forward
+    import structspec.kernels.cpu_forward
 
-    real = kernels.cpu_forward.ForwardLayers.run
-    monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
+    real = structspec.kernels.cpu_forward.ForwardLayers.run
+    monkeypatch.setattr(structspec.kernels.cpu_forward.ForwardLayers, "run",
                         lambda self, *args, **kwargs: real(self, *args, **kwargs) + 1.0)
     with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
         runner = runner_for(llama(torch.bfloat16), shared_cache)
@@ -200,10 +200,10 @@ def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, mo
     """Documents of one schema (their prompts share a cached prefix, which the attention reads
     from one copy), drafted and not, four at a time: the same tokens, since the logits are the
     same bits."""
-    import kernels.cpu_forward
+    import structspec.kernels.cpu_forward
     from test_cpu_linear import bf16_loaded
 
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows
@@ -215,8 +215,8 @@ def test_an_engine_emits_the_same_tokens_with_either_loop(tiny_normal_loaded, mo
                 for i, row in enumerate(rows)]
     loaded = bf16_loaded(tiny_normal_loaded) if ENGINE_PICKS_IT else tiny_normal_loaded  # fp32 on a CPU without bf16
     tables = []
-    real = kernels.cpu_forward.ForwardLayers.run
-    monkeypatch.setattr(kernels.cpu_forward.ForwardLayers, "run",
+    real = structspec.kernels.cpu_forward.ForwardLayers.run
+    monkeypatch.setattr(structspec.kernels.cpu_forward.ForwardLayers, "run",
                         lambda self, plan, x, cos, sin, table, *a, **k: tables.append(table.shape[0]) or
                         real(self, plan, x, cos, sin, table, *a, **k))
     in_c = Engine(loaded, engine_max_seqs=4, cache_dir=shared_cache)

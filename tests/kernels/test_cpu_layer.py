@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from kernel_cases import DEVICE
 
-from kernels.cpu_layer import load
+from structspec.kernels.cpu_layer import load
 from structspec.engine.lean import rms_norm
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
@@ -222,7 +222,7 @@ def test_the_lean_forward_runs_them_with_the_native_attention_and_agrees(dtype, 
 
 
 def test_a_failing_build_or_check_keeps_the_eager_steps(monkeypatch, caplog, tmp_path):
-    import kernels.cpu_layer
+    import structspec.kernels.cpu_layer
     from structspec.engine.runner import make_runner
 
     model = llama(torch.bfloat16)
@@ -232,8 +232,8 @@ def test_a_failing_build_or_check_keeps_the_eager_steps(monkeypatch, caplog, tmp
     # no compiler: neither C library builds, and the whole forward stays in torch
     assert runner.attention == "torch" and runner.lean is not None and runner.lean.ops is None
     monkeypatch.delenv("CC")
-    real = kernels.cpu_layer.LayerOps.silu_mul
-    monkeypatch.setattr(kernels.cpu_layer.LayerOps, "silu_mul", lambda self, gu, threads=None: real(self, gu) + 1.0)
+    real = structspec.kernels.cpu_layer.LayerOps.silu_mul
+    monkeypatch.setattr(structspec.kernels.cpu_layer.LayerOps, "silu_mul", lambda self, gu, threads=None: real(self, gu) + 1.0)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="structspec.engine.runner"):
         runner = make_runner(model, "auto", lean=True, cache_dir=tmp_path)
@@ -274,7 +274,7 @@ def logits_and_mask(rows: int, vocab: int, dtype, seed: int):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("vocab", VOCABS)
 def test_masked_argmax_is_torchs_exactly_and_logz_its_logsumexp(dtype, vocab):
-    from kernels.greedy import masked_argmax_torch
+    from structspec.kernels.greedy import masked_argmax_torch
     from structspec.engine.step import masked_rows
 
     x, mask = logits_and_mask(40, vocab, dtype, seed=vocab)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from kernel_cases import CPU_FLAGS, DEVICE, pack_bitmask
 
-from kernels.cpu_linear import load
+from structspec.kernels.cpu_linear import load
 
 pytestmark = pytest.mark.skipif(DEVICE.type == "cuda", reason="a CPU kernel: the GPU kit runs the CUDA ones")
 
@@ -145,7 +145,7 @@ def test_pruned_outputs_are_the_full_products_bits_where_asked_and_minus_inf_els
     groups holding them; each of those is linear's value bit for bit (the same chain over k,
     whether its group took every row or only the dense ones, in tiles of any size, on 1 or 2
     threads); every other output is -inf."""
-    from kernels.cpu_linear import GROUP_COLUMNS
+    from structspec.kernels.cpu_linear import GROUP_COLUMNS
 
     w, x = rand(n, k, seed=11, scale=0.05, dtype=dtype), rand(m, k, seed=12, dtype=dtype)
     packed = lib.pack(w, rand(n, seed=13, dtype=torch.float32) if with_bias else None)
@@ -227,7 +227,7 @@ def test_an_engine_with_pruned_logits_emits_the_same_tokens_as_one_without(tiny_
     whatever the CPU's bf16 units) and in bf16: the same tokens for every request, while the
     pruned lm_head really ran on most decoding steps."""
     import structspec.engine.engine as engine_module
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows
@@ -322,7 +322,7 @@ def test_native_and_onednn_engines_emit_the_same_tokens_except_at_near_ties(tiny
     within the dtype's near-tie epsilon (tests/unit/engine/test_bf16.py, test_batched.py), and
     most runs never part."""
     import structspec.engine.engine as engine_module
-    from structspec.bench.exactness import bounded, compare
+    from bench.exactness import bounded, compare
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
     from tests.conftest import deepjsoneval_rows

@@ -1,16 +1,14 @@
-"""The chip's arithmetic peak (kernels/cpu_peak.c), as structspec.bench.bound measures it: every
+"""The chip's arithmetic peak (bench/cpu_peak.c), as bench.bound measures it: every
 unit this CPU has is measured, none it lacks is claimed, and each dtype is set against its
 fastest unit. (How fast is a benchmark's business, never a test's: docs/benchmarks.md.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from kernels import native
-from structspec.bench import bound
+from bench import bound
+from structspec.kernels import native
 
 FLAGS = set(native.cpu_flags().split())
 HAS_DPBF16 = "avx512_bf16" in FLAGS
@@ -32,7 +30,7 @@ def test_the_avx2_build_measures_fp32_only(tmp_path):
     """A build without AVX-512 (as on an AVX2 CPU): its fp32 chains are 256-bit FMAs, bf16 absent."""
     import ctypes
 
-    source = Path(native.__file__).with_name("cpu_peak.c")
+    source = bound.PEAK_SOURCE
     lib = ctypes.CDLL(str(native.build(source, ("-mno-avx512f",), tmp_path)))
     lib.structspec_peak_gflops.restype = ctypes.c_double
     lib.structspec_peak_gflops.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int]

@@ -12,9 +12,9 @@ import pytest
 import torch
 from kernel_cases import cu_from_lengths, random_batch
 
-import kernels
-from kernels.greedy import verify_greedy_torch, verify_greedy_triton
-from kernels.sampling import verify_sampling_torch, verify_sampling_triton
+from structspec import kernels
+from structspec.kernels.greedy import verify_greedy_torch, verify_greedy_triton
+from structspec.kernels.sampling import verify_sampling_torch, verify_sampling_triton
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,7 +146,8 @@ def test_torch_backend_works_without_triton() -> None:
         """
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
-        import torch, kernels
+        import torch
+        from structspec import kernels
         logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]])
         bitmask = torch.tensor([[0b111], [0b110]], dtype=torch.int32)
         args = (logits, bitmask, torch.tensor([1]), torch.tensor([0, 1], dtype=torch.int32))

@@ -16,7 +16,7 @@ from kernel_cases import (
     random_batch,
 )
 
-from kernels.greedy import verify_greedy_torch, verify_greedy_triton
+from structspec.kernels.greedy import verify_greedy_torch, verify_greedy_triton
 
 
 def run_both(batch: Batch, block_v: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from kernels import cpu_attention, cpu_forward, cpu_layer, cpu_linear, native
+from structspec.kernels import cpu_attention, cpu_forward, cpu_layer, cpu_linear, native
 
 # -march: what each selects in the sources
 TARGETS = {

@@ -16,7 +16,7 @@ from kernel_cases import (
     random_batch,
 )
 
-from kernels.sampling import make_sampling_randoms, verify_sampling_torch, verify_sampling_triton
+from structspec.kernels.sampling import make_sampling_randoms, verify_sampling_torch, verify_sampling_triton
 
 
 def randoms(batch: Batch, seed: int, with_draft_probs: bool, sharp: float = 1.0):

@@ -18,7 +18,7 @@ import torch
 from kernel_cases import pack_bitmask
 from scipy.stats import chisquare
 
-from kernels.sampling import masked_probs_torch, verify_sampling_torch, verify_sampling_triton
+from structspec.kernels.sampling import masked_probs_torch, verify_sampling_torch, verify_sampling_triton
 
 VOCAB = 10
 MASKED = [1, 4, 7]  # grammar-forbidden tokens

@@ -89,7 +89,7 @@ def test_the_job_waiter_reads_at_once_when_a_worker_rings(tmp_path, monkeypatch)
 def test_a_streamed_jobs_written_text_rings_the_api(tmp_path):
     """worker/progress.py rings the API's bells after each write of streamed text, so a streaming
     request reads the new pieces at once."""
-    from worker.progress import Pieces, ProgressWriter
+    from structspec.worker.progress import Pieces, ProgressWriter
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     migrate.upgrade(url)
@@ -109,7 +109,7 @@ def test_the_progress_writer_sleeps_while_no_streamed_job_runs_and_wakes_for_the
     import threading
     from types import SimpleNamespace
 
-    from worker import progress
+    from structspec.worker import progress
 
     url = f"sqlite:///{tmp_path / 's.db'}"
     migrate.upgrade(url)

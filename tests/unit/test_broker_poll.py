@@ -13,9 +13,9 @@ from queue import Empty
 
 import pytest
 
-import worker.app as app_module
+import structspec.worker.app as app_module
 from structspec.db import bells
-from worker.app import (EMBEDDED_BROKER_BUSY_POLL_S, EMBEDDED_BROKER_POLL_S, EMBEDDED_BROKER_RUNG_BUSY_POLL_S,
+from structspec.worker.app import (EMBEDDED_BROKER_BUSY_POLL_S, EMBEDDED_BROKER_POLL_S, EMBEDDED_BROKER_RUNG_BUSY_POLL_S,
                         drain_polling_by_load)
 
 
@@ -120,7 +120,7 @@ def test_the_embedded_broker_uses_it(tmp_path):
     from kombu.transport import sqlalchemy as sqla_transport
 
     from structspec.config import Settings
-    from worker.app import make_celery
+    from structspec.worker.app import make_celery
 
     make_celery(Settings(broker_url=f"sqla+sqlite:///{tmp_path}/broker.sqlite"))
     assert sqla_transport.Transport.drain_events is drain_polling_by_load

@@ -185,10 +185,10 @@ def test_extract_prints_schema_valid_json_per_document(capsys, monkeypatch, tmp_
 
 def test_prefork_worker_on_cuda_is_refused_before_loading_anything(capsys, monkeypatch):
     import structspec.cli as cli
-    import worker.tasks
+    import structspec.worker.tasks
 
     monkeypatch.setattr(cli, "_cuda_available", lambda: True)
-    monkeypatch.setattr(worker.tasks, "prepare_model", lambda *a: pytest.fail("loaded a model"))
+    monkeypatch.setattr(structspec.worker.tasks, "prepare_model", lambda *a: pytest.fail("loaded a model"))
     code, err = run_cli(capsys, "worker", "--pool", "prefork")
     assert code == 2 and "--pool prefork" in err and "CUDA" in err and "threads pool" in err
 

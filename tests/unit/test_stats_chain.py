@@ -12,7 +12,7 @@ from structspec.api.structs import JobStats, JobTimings
 from structspec.engine.sequence import RequestStats
 from structspec.services.chunks import ChunkStats
 from structspec.stats import aggregate
-from worker.tasks import LOGGED_STATS
+from structspec.worker.tasks import LOGGED_STATS
 
 WRITTEN = set(RequestStats("none", 0).as_dict())
 CHUNKED = set(ChunkStats("none", 0).as_dict())  # a document extracted in chunks adds its counts

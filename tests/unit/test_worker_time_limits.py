@@ -13,11 +13,11 @@ from concurrent.futures import Future
 
 import pytest
 
-import worker.tasks as tasks
+import structspec.worker.tasks as tasks
 from structspec.config import Settings
 from structspec.engine.sequence import Request
 from structspec.options import RequestOptions
-from worker.watchdog import EXIT_ENGINE_HUNG, Watchdog
+from structspec.worker.watchdog import EXIT_ENGINE_HUNG, Watchdog
 
 SCHEMA = {"type": "object"}
 

@@ -632,7 +632,7 @@ class JobService:
         the ingest queue those whose file is to be read first (phase "reading"), the others to the
         model's queue; if that fails, run `undo` (it deletes what was stored) and answer 503, so that
         nothing is left queued that no worker will see."""
-        from worker.app import enqueue, enqueue_reads
+        from structspec.worker.app import enqueue, enqueue_reads
 
         reads = [i for i, row in zip(ids, rows, strict=True) if row.get("phase") == "reading"]
         ids = [i for i, row in zip(ids, rows) if row.get("phase") != "reading"]

@@ -1,17 +1,16 @@
-"""structspec.bench.attention: its table on tiny steps, with a second build beside this one, and
+"""bench.attention: its table on tiny steps, with a second build beside this one, and
 its errors for bad arguments."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from structspec.bench import attention
+from bench import attention
+from structspec.kernels import cpu_attention
 
 
 def test_the_table_times_each_step_for_this_build_and_another(capsys):
-    source = Path(attention.__file__).resolve().parents[2] / "kernels" / "cpu_attention.c"
+    source = cpu_attention.SOURCE
     attention.main(["--shapes", "4x1@512,1x3@20", "--layers", "2", "--against", str(source)])
     lines = capsys.readouterr().out.splitlines()
     rows = [line for line in lines if line.startswith("| 4x1@512 |") or line.startswith("| 1x3@20 |")]

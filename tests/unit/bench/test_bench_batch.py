@@ -1,4 +1,4 @@
-"""structspec bench batch: the synthetic receipts and the report arithmetic (no model)."""
+"""python -m bench.batch: the synthetic receipts and the report arithmetic (no model)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import re
 import jsonschema
 import pytest
 
-from structspec.bench import batch_report as rep
-from structspec.bench.receipts import RECEIPT_SCHEMA, receipts
-from structspec.bench.receipts import main as write_receipts
-from structspec.bench.strategies import load_dataset
+from bench import batch_report as rep
+from bench.receipts import RECEIPT_SCHEMA, receipts
+from bench.receipts import main as write_receipts
+from bench.strategies import load_dataset
 
 SCHEMA = json.loads(RECEIPT_SCHEMA.read_text())
 
@@ -124,7 +124,7 @@ def test_cost_points_take_the_nearest_measured_bucket_at_or_below():
 
 
 def test_markdown_states_each_target_as_met_or_missed():
-    from structspec.bench.batch import md_a
+    from bench.batch import md_a
 
     one = {**rep.summarize_run("auto@1", [stats(100, 25, 2.0, 8.0)], ["truncated"], wall_s=10.0), "repeats": 1}
     auto = {**rep.summarize_run("auto@16", [stats(100, 25, 2.0, 2.0)], ["truncated"], wall_s=4.0), "repeats": 1}

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from structspec.bench.auto import run_auto_bench
-from structspec.bench.strategies import field_accuracy, run_strategy_bench
+from bench.auto import run_auto_bench
+from bench.strategies import field_accuracy, run_strategy_bench
 from tests.conftest import deepjsoneval_rows
 
 
@@ -52,7 +52,7 @@ def test_auto_bench_compares_auto_with_every_fixed_arm(tiny_engine, tmp_path, ca
 
 
 def test_comparison_harness_runs_every_system_on_two_tiny_documents(tiny_engine, tmp_path, capsys):
-    from structspec.bench.harness import run_harness
+    from bench.harness import run_harness
 
     schema = {"type": "object", "properties": {"who": {"type": "string"}, "paid": {"enum": ["cash", "card"]}},
               "required": ["who", "paid"]}
@@ -89,7 +89,7 @@ def test_comparison_harness_runs_every_system_on_two_tiny_documents(tiny_engine,
 
 def test_comparison_harness_batch_mode_hands_each_system_groups_of_documents(tiny_engine, tmp_path, capsys,
                                                                             monkeypatch):
-    from structspec.bench.harness import run_harness
+    from bench.harness import run_harness
 
     monkeypatch.setattr(tiny_engine.scheduler, "max_seqs", 2)  # a group of 3 queues its third document
 
@@ -127,7 +127,7 @@ def test_comparison_harness_batch_mode_hands_each_system_groups_of_documents(tin
 
 
 def test_comparison_harness_refuses_a_batch_below_one(tiny_engine, tmp_path, capsys):
-    from structspec.bench.harness import run_harness
+    from bench.harness import run_harness
 
     args = argparse.Namespace(dataset=write_dataset(tmp_path), systems="structspec:none", limit=1, warmup=0,
                               max_tokens=8, max_chars=0, seed=0, batch=0, out=None)
@@ -140,7 +140,7 @@ def test_auto_picker_run_live_learns_between_documents_from_the_same_start_each_
     it left, as the worker draws lone jobs: a new schema probes schema, ngram, suffix, then composite
     (drawn all at once, from no statistics, every plan would be the first probe). Each call
     starts again from the picker's own statistics, which it leaves as they were."""
-    from structspec.bench.batch import AutoPicker
+    from bench.batch import AutoPicker
     from structspec.config import Settings
 
     schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}

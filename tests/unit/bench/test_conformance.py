@@ -1,24 +1,22 @@
 """The conformance runner on a small copied sample (tests/fixtures/conformance, see NOTICE.md),
-so `structspec conformance` keeps working, plus the guarantees the full report relies on."""
+so `python -m bench.conformance` keeps working, plus the guarantees the full report relies on."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
+from bench.conformance import main
 from structspec.grammar import SchemaError, check_schema
-from structspec.bench.conformance import main
 
 SAMPLE = Path(__file__).resolve().parents[2] / "fixtures" / "conformance"
 
 
 def test_runner_reports_every_keyword_file_and_split_with_no_silent_false_accept(tmp_path, capsys):
-    args = argparse.Namespace(data=str(SAMPLE), backends="llguidance", limit=0, skip_bench=False, mask_samples=4,
-                              examples=50, json=str(tmp_path / "report.json"))
-    assert main(args) == 0
+    assert main(["--data", str(SAMPLE), "--backends", "llguidance", "--mask-samples", "4", "--examples", "50",
+                 "--json", str(tmp_path / "report.json")]) == 0
     out = capsys.readouterr().out
     for row in ("| minimum |", "| enum |", "| oneOf |", "| format |", "| uniqueItems |", "| Github_easy |", "| JME |"):
         assert row in out

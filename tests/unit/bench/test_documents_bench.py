@@ -7,7 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
-from structspec.bench import documents
+from bench import documents
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "invoices"
 

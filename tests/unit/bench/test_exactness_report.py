@@ -1,5 +1,5 @@
 """What an exactness check records where an output diverges: the reference's top-2 masked logit
-gap, its top masked logit, and the gap in bf16 steps of that logit (structspec/bench/exactness.py,
+gap, its top masked logit, and the gap in bf16 steps of that logit (bench/exactness.py,
 the GPU kit's report)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from structspec.bench.exactness import Divergence, bf16_steps, compare
-from structspec.bench.gpu import largest_gap, report_markdown
+from bench.exactness import Divergence, bf16_steps, compare
+from bench.gpu import largest_gap, report_markdown
 from structspec.engine.step import margins
 
 

@@ -1,4 +1,4 @@
-"""The GPU kit (structspec/bench/gpu.py), tested here before any GPU is lent: the calls it
+"""The GPU kit (bench/gpu.py), tested here before any GPU is lent: the calls it
 plans fit the device tool's limit, the model parts reassemble, the check imports nothing the
 lent image and the bundle lack, and its timing stages run end to end on a CPU."""
 
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from structspec.bench import gpu
+from bench import gpu
 
 ROOT = Path(__file__).resolve().parents[3]
 MiB = gpu.MiB
@@ -125,7 +125,7 @@ def test_the_last_call_refuses_a_model_whose_first_part_is_gone(tmp_path):
     # with the first part staged too (the machine stayed warm), the check is reached
     (tmp_path / "staged" / "model" / "model.gguf.part00").write_bytes((bundle_dir / "model" / "model.gguf.part00")
                                                                       .read_bytes())
-    proc = subprocess.run(["bash", "-c", cmd.replace("python3 -m structspec.bench.gpu check", "echo reached")],
+    proc = subprocess.run(["bash", "-c", cmd.replace("python3 -m bench.gpu check", "echo reached")],
                           capture_output=True, text=True, env={**os.environ, "OUT": str(tmp_path)})
     assert proc.returncode == 0 and "reached" in proc.stdout, proc.stdout + proc.stderr
 
@@ -134,7 +134,7 @@ def test_the_timing_stages_run_on_a_cpu_importing_only_what_the_lent_image_or_th
     """`check` in a fresh process, as it runs there. A distribution it imports outside BUNDLED
     and IMAGE_HAS would be missing on the lent machine (sqlalchemy once came in through
     bench.batch)."""
-    cmd = [sys.executable, "-m", "structspec.bench.gpu", "check", "--device", "cpu", "--stages", "pass-cost,throughput",
+    cmd = [sys.executable, "-m", "bench.gpu", "check", "--device", "cpu", "--stages", "pass-cost,throughput",
            "--out", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"})
@@ -162,7 +162,7 @@ DEVICE_COMMAND_S = 600  # the device tool's limit on one command (PLAN.md asks e
 def planned_checks(tmp_path: Path, monkeypatch) -> list[SimpleNamespace]:
     """Each call's `check` as the plan's own commands start it: the commands stage_command writes
     for the bundle's two calls (the first carries the wheels, the last assembles the model), each
-    `structspec.bench.gpu check` in them parsed by gpu.main as on the device, with `check` itself
+    `bench.gpu check` in them parsed by gpu.main as on the device, with `check` itself
     stubbed: the device, stages and deadline each call's check gets."""
     runs = []
 
@@ -176,7 +176,7 @@ def planned_checks(tmp_path: Path, monkeypatch) -> list[SimpleNamespace]:
     calls = [gpu.stage_command(".gpu", "model.gguf.part00", True, False),
              gpu.stage_command(".gpu", "model.gguf.part01", False, True, "0" * 64)]
     for i, command in enumerate(calls):
-        [invocation] = re.findall(r"python3 -m structspec\.bench\.gpu (check [^|]*)\|", command)
+        [invocation] = re.findall(r"python3 -m bench\.gpu (check [^|]*)\|", command)
         assert gpu.main([t for t in shlex.split(invocation) if not t.startswith("2>")]) == 0
         assert len(runs) == i + 1, command
     return runs

@@ -1,17 +1,16 @@
-"""structspec.bench.linear: its table with a second build of kernels/cpu_linear.c beside this one,
+"""bench.linear: its table with a second build of kernels/cpu_linear.c beside this one,
 and its errors for bad arguments."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from structspec.bench import linear
+from bench import linear
+from structspec.kernels import cpu_linear
 
 
 def test_the_table_times_this_build_and_another_and_compares_their_bits(capsys):
-    source = Path(linear.__file__).resolve().parents[2] / "kernels" / "cpu_linear.c"
+    source = cpu_linear.SOURCE
     # fp32: the kernel every CPU it builds for serves
     linear.main(["--rows", "3,20", "--layers", "1", "--dtype", "float32", "--against", str(source)])
     lines = capsys.readouterr().out.splitlines()

@@ -1,11 +1,11 @@
-"""structspec.bench.load: the percentile and summary helpers (no server, no model)."""
+"""bench.load: the percentile and summary helpers (no server, no model)."""
 
 from __future__ import annotations
 
 import pytest
 
-from structspec.bench import percentile
-from structspec.bench.load import documents, markdown, summarize
+from bench import percentile
+from bench.load import documents, markdown, summarize
 
 
 def test_percentile_interpolates_between_closest_ranks_like_numpy():
@@ -62,7 +62,7 @@ def test_a_service_reads_the_started_and_finished_times_of_its_batch_s_jobs(tmp_
 
     import sqlalchemy as sa
 
-    from structspec.bench.load import Service
+    from bench.load import Service
     from structspec.db.models import Base, BatchRecord, JobRecord
 
     url = f"sqlite:///{tmp_path / 'jobs.db'}"

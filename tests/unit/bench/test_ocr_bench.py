@@ -3,7 +3,7 @@ in the spellings a document may use."""
 
 from __future__ import annotations
 
-from structspec.bench import ocr
+from bench import ocr
 
 
 def test_words_count_repeats_and_ignore_case_and_surrounding_punctuation():

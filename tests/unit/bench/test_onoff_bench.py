@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from structspec.bench import onoff
+from bench import onoff
 
 
 def test_only_settings_that_keep_every_output_are_offered(capsys):

@@ -1,11 +1,11 @@
-"""`python -m structspec.bench.passes`: its shapes and contexts are read as written, and a bad
+"""`python -m bench.passes`: its shapes and contexts are read as written, and a bad
 one is refused naming it, before any model is loaded."""
 
 from __future__ import annotations
 
 import pytest
 
-from structspec.bench import passes
+from bench import passes
 
 
 def test_shapes_are_read_as_sequences_by_rows():

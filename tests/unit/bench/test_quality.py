@@ -1,10 +1,10 @@
-"""structspec.bench.quality: grading values by confidence bucket, the model table (no model)."""
+"""bench.quality: grading values by confidence bucket, the model table (no model)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from structspec.bench.quality import EDGES, bucket_of, grade, model_table, plot, table
+from bench.quality import EDGES, bucket_of, grade, model_table, plot, table
 
 
 def result(value, confidence, status="succeeded"):
@@ -52,7 +52,7 @@ def test_model_table_reports_validity_and_accuracy_per_set():
 
 
 def test_results_accuracy_counts_no_leaf_of_a_failed_result_and_skips_rows_without_gold():
-    from structspec.bench.strategies import results_accuracy
+    from bench.strategies import results_accuracy
 
     rows = [{"gold": {"a": "x", "b": 1}}, {"gold": {"a": "y"}}, {"text": "no gold"}]
     results = [result({"a": "x", "b": 2}, {}), result(None, None, status="truncated"), result({"a": "z"}, {})]

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import structspec.engine.engine as engine_module
+from bench.exactness import bounded, compare
 from structspec.engine.engine import Engine, Request, RequestTooLarge
 from structspec.engine.prompt import build_prompt
-from structspec.bench.exactness import bounded, compare
 from structspec.engine.proposers import make_proposer
 from structspec.grammar import schema_hash, validate_instance
 from structspec.options import RequestOptions
@@ -140,7 +140,7 @@ class LogitTap:
         monkeypatch.setattr(engine_module, "verify", verify)
 
     def observe(self, logits, bitmask, packed) -> None:
-        from kernels.bitmask import unpack_bitmask
+        from structspec.kernels.bitmask import unpack_bitmask
 
         for b, seq in enumerate(packed.decoding):
             doc = self.doc_of.get(seq.id)

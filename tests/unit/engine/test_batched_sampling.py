@@ -16,8 +16,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-import kernels
-from kernels.bitmask import unpack_bitmask
+from structspec import kernels
+from structspec.kernels.bitmask import unpack_bitmask
 from structspec.engine.engine import Engine, Request
 from structspec.engine.prompt import build_prompt
 from structspec.options import RequestOptions

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import structspec.engine.model as model_module
+from bench.exactness import bounded
 from structspec.engine.engine import Request
 from structspec.engine.model import check_bf16, from_model, load_model, resolve_dtype
-from structspec.bench.exactness import bounded
 from tests.conftest import deepjsoneval_rows
 from tests.unit.engine.test_batched import DRAFT_LENS, compare_batched, options
 

@@ -176,7 +176,7 @@ def test_a_dead_loop_thread_fails_what_it_held_and_everything_submitted_after(fa
 
 def test_hung_names_a_step_that_never_returns_and_never_an_idle_loop(fake):
     """The watchdog's question: no step ended for the limit while the loop held work."""
-    from worker.watchdog import Watchdog
+    from structspec.worker.watchdog import Watchdog
 
     engine, loop = fake
     time.sleep(0.5)

@@ -9,7 +9,7 @@ import time
 import pytest
 from PIL import Image
 
-from structspec.bench.hostile import png_file
+from bench.hostile import png_file
 from structspec.ingest import IngestError, Limits, image, ingest, probe
 
 

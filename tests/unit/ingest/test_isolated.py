@@ -16,7 +16,7 @@ from pathlib import Path
 import pypdfium2 as pdfium
 import pytest
 
-from structspec.bench.hostile import big_page_pdf, png_file
+from bench.hostile import big_page_pdf, png_file
 from structspec.ingest import IngestError, Limits, ingest, isolated, read_isolated
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "invoices"

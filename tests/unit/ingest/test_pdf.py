@@ -1,6 +1,6 @@
 """PDFs that would cost a reader without limits gigabytes or minutes (issue 63): each is
 refused, or read at a lower resolution, within the budgets, and the error names the limit's
-setting. The files are built here by structspec.bench.hostile, a few kilobytes each."""
+setting. The files are built here by bench.hostile, a few kilobytes each."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from structspec.bench.hostile import big_page_pdf, flate_bomb_pdf, image_in_pdf, object_stream_bomb_pdf, pages_pdf, \
+from bench.hostile import big_page_pdf, flate_bomb_pdf, image_in_pdf, object_stream_bomb_pdf, pages_pdf, \
     repair_pdf
 from structspec.ingest import IngestError, Limits, ingest, ocr, pdf, probe
 

@@ -1,4 +1,4 @@
-"""`structspec bench load`: many concurrent submissions against a real server and worker.
+"""`python -m bench.load`: many concurrent submissions against a real server and worker.
 
 Starts `structspec serve` and one `structspec worker` as subprocesses (as `structspec demo`
 does: SQLite + the embedded broker in a temporary directory unless --database-url and
@@ -12,6 +12,7 @@ stdout and the whole record as JSON in --out.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -27,8 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
-from structspec.bench import percentile
-from structspec.demo import ROOT, Children, free_port, healthy, raise_interrupt, wait_for
+from bench import percentile
+from structspec.demo import Children, free_port, healthy, raise_interrupt, wait_for
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout the children import structspec from
 
 SCHEMA = {
     "type": "object",
@@ -352,3 +355,43 @@ def stack_label(database_url: str | None, broker_url: str | None) -> str:
     db = (database_url or "sqlite").split(":", 1)[0].split("+")[0]
     broker = (broker_url or "sqla+sqlite").split(":", 1)[0]
     return f"database {db}, broker {'embedded (sqla+sqlite)' if broker == 'sqla+sqlite' else broker}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    from structspec.options import JOB_STRATEGIES
+
+    p = argparse.ArgumentParser(prog="python -m bench.load",
+                                description="Many concurrent POST /v1/extractions against a real server and worker. "
+                                            "Start `structspec serve` and a real `structspec worker` (default model; "
+                                            "SQLite + embedded broker in a temporary directory unless "
+                                            "--database-url/--broker-url), fire --jobs small extraction jobs at "
+                                            "once, wait until all are finished and report errors, final statuses, "
+                                            "submission latency percentiles and completion throughput (Markdown on "
+                                            "stdout, JSON in --out). Exit 1 on any error or unfinished job.")
+    p.add_argument("--jobs", type=int, default=200, help="submissions (default %(default)s)")
+    p.add_argument("--concurrency", type=int, default=0, help="client threads (default: one per job)")
+    p.add_argument("--max-tokens", type=int, default=64, help="per job (default %(default)s)")
+    p.add_argument("--strategy", choices=JOB_STRATEGIES, help="job strategy (default: the server's, auto)")
+    p.add_argument("--timeout", type=float, default=1800, help="give up after this many seconds in all")
+    p.add_argument("--request-timeout", type=float, default=120, help="per HTTP request, seconds")
+    p.add_argument("--database-url", help="e.g. postgresql://postgres@127.0.0.1/structspec_load "
+                                          "(default: SQLite in a temporary directory)")
+    p.add_argument("--broker-url", help="e.g. redis://127.0.0.1:6379/0 (default: the embedded broker)")
+    p.add_argument("--worker-concurrency", type=int, default=0,
+                   help="the worker's --concurrency (task threads; default: the worker's own)")
+    p.add_argument("--threads", type=int, help="torch threads in the worker [env STRUCTSPEC_TORCH_THREADS]")
+    p.add_argument("--seed", type=int, default=0, help="seeds the generated documents")
+    p.add_argument("--out", default="bench-out/load.json", help="JSON record (default %(default)s)")
+    p.add_argument("--keep-logs", metavar="DIR", help="copy the server and worker logs here")
+    p.add_argument("--rate-limit", type=int, default=0, metavar="N",
+                   help="the server's rate_limit_per_minute (default 0 = off: one client firing --jobs at once "
+                        "is what the limiter refuses)")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error("--jobs must be at least 1")
+    args.concurrency = args.concurrency or args.jobs
+    return run_load_bench(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

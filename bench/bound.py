@@ -1,6 +1,6 @@
 """The machine's physical limits, measured, and the engine's passes as multiples of them.
 
-`python -m structspec.bench.bound` measures in one run:
+`python -m bench.bound` measures in one run:
 
 - the chip: torch's CPU capability and whether it reports AMX / AVX512-BF16 (the units a bf16
   GEMM needs to beat fp32);
@@ -87,7 +87,8 @@ def memory_gbps(nbytes: int = BANDWIDTH_BYTES, repeats: int = 8) -> float:
     return nbytes / s / 1e9
 
 
-PEAK_KINDS = {"fp32 FMA": 0, "bf16 vdpbf16ps": 1, "bf16 AMX": 2}  # kernels/cpu_peak.c's kinds
+PEAK_SOURCE = Path(__file__).with_name("cpu_peak.c")  # the harness's kernel: not shipped with the package
+PEAK_KINDS = {"fp32 FMA": 0, "bf16 vdpbf16ps": 1, "bf16 AMX": 2}  # bench/cpu_peak.c's kinds
 DTYPE_UNITS = {torch.float32: ("fp32 FMA",), torch.bfloat16: ("bf16 vdpbf16ps", "bf16 AMX")}  # which serve a dtype
 
 
@@ -98,9 +99,9 @@ def peak_gflops(threads: int = 0, seconds: float = 0.15, repeats: int = 3,
     build lacks, or for every kind when no C compiler builds the kernel."""
     import ctypes
 
-    from kernels import native
+    from structspec.kernels import native
 
-    source = Path(native.__file__).with_name("cpu_peak.c")
+    source = PEAK_SOURCE
 
     def wrap(path: Path):
         lib = native.open_library(path, source, "structspec_peak_version", 1)
@@ -156,7 +157,7 @@ def chip() -> dict:
 def engine_passes(engine, repeats: int = 5) -> dict:
     """Milliseconds of the engine's own passes at CONTEXT tokens: decode 16 x 1 and 1 x 1 rows,
     and one sequence's 512-token prefill chunk with logits of its last row."""
-    from structspec.bench.passes import pass_shapes
+    from bench.passes import pass_shapes
 
     shapes = {f"{n}x{r}": row["ms"] for row in pass_shapes(engine, (CONTEXT,), repeats, ((16, 1), (1, 1)))
               for n, r in [(row["sequences"], row["rows_each"])]}
@@ -185,7 +186,7 @@ def prefill_pass(engine):
 def profile_decode(engine, sequences: int = 16, top: int = 12, passes: int = 5) -> dict:
     """Where a decode pass of `sequences` x 1 row at CONTEXT tokens spends its time (profile_pass).
     Only the decode passes are measured, not the prefill that fills the context."""
-    from structspec.bench.passes import context_slots, step_over
+    from bench.passes import context_slots, step_over
 
     runner = engine.runner
     step = step_over(context_slots(engine, sequences, CONTEXT, 1), sequences, 1, CONTEXT, runner.device)
@@ -342,7 +343,7 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.bound", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--dtypes", default="float32,bfloat16", help="the default model's dtypes to time")
     p.add_argument("--profile", action="store_true",

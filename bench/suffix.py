@@ -1,6 +1,6 @@
 """The suffix proposer's memory of earlier outputs, on and off, side by side (`make bench-suffix`).
 
-    python -m structspec.bench.suffix [--n 32] [--repeats 1] [--modes "batch auto"] [--deepjsoneval PATH --deepjsoneval-n 32]
+    python -m bench.suffix [--n 32] [--repeats 1] [--modes "batch auto"] [--deepjsoneval PATH --deepjsoneval-n 32]
                                       [--out bench-out/suffix.json]
 
 Through a real `structspec serve` + `structspec worker` (bench/load.py's Service: SQLite, the
@@ -31,8 +31,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from structspec.bench.peer import WARMUP
-from structspec.bench.receipts import receipt_rows
+from bench.peer import WARMUP
+from bench.receipts import receipt_rows
 
 WARM_SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
 COMPOSITE = {"strategy": "composite", "draft_len": 8, "max_tokens": 256}
@@ -59,8 +59,8 @@ MODES = ("cold composite", "one auto", "batch auto")
 
 def server_run(memory: bool, rows: list[dict], warm: list[dict], threads: int | None,
                modes: tuple[str, ...] = MODES) -> dict:
-    from structspec.bench.batch import run_batch
-    from structspec.bench.load import Service
+    from bench.batch import run_batch
+    from bench.load import Service
 
     env = {} if memory else {"STRUCTSPEC_ENGINE_SUFFIX_MB": "0"}
     label = "on" if memory else "off"
@@ -95,7 +95,7 @@ def server_run(memory: bool, rows: list[dict], warm: list[dict], threads: int | 
 def deepjsoneval_run(path: str, n: int) -> dict:
     """Composite k=8 one at a time, the memory on and off alternating per document (one engine;
     each document's schema is its own key)."""
-    from structspec.bench.strategies import load_dataset
+    from bench.strategies import load_dataset
     from structspec.config import Settings
     from structspec.engine.engine import Engine
     from structspec.grammar import schema_hash
@@ -125,7 +125,7 @@ def deepjsoneval_run(path: str, n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.suffix", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.suffix", description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=32, help="timed receipts per mode")
     p.add_argument("--repeats", type=int, default=1, help="off/on pairs of services (off, on, off, on, ...)")
     p.add_argument("--threads", type=int, default=None, help="torch threads of the worker (default: its own)")

@@ -1,4 +1,4 @@
-"""`python -m structspec.bench.hostile`: hostile files against ingestion's budgets (issue 63).
+"""`python -m bench.hostile`: hostile files against ingestion's budgets (issue 63).
 
 Builds small files that would cost a reader without limits gigabytes or minutes, and real
 invoices for comparison, and reads each with probe() (the API's cheap checks), then with
@@ -22,7 +22,7 @@ import time
 import zlib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 INVOICES = ROOT.parent / "shared" / "data" / "invoices"
 
 
@@ -177,7 +177,7 @@ def outcome(result) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.hostile", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__.split("\n\n")[0])
     p.add_argument("--invoices", type=Path, default=INVOICES, help="where AzureInterior.pdf and oyo.png are")
     args = p.parse_args(argv)
 

@@ -1,4 +1,4 @@
-"""`structspec bench batch`: the batched engine against one sequence at a time, in one run.
+"""`python -m bench.batch`: the batched engine against one sequence at a time, in one run.
 
 Parts (each a figure of the batched-engine issue; `--parts` picks some):
 
@@ -28,6 +28,7 @@ machine is noisy (load average recorded per configuration).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import cProfile
 import dataclasses
@@ -48,12 +49,13 @@ from pathlib import Path
 
 import torch
 
-from structspec.bench import batch_report as rep
-from structspec.bench.auto import arm_name
-from structspec.bench.load import Service, _count, _epoch, fire, poll_until_finished
-from structspec.bench.passes import pass_shapes
-from structspec.bench.receipts import RECEIPT_SCHEMA, receipt_rows, receipts
-from structspec.bench.strategies import load_dataset
+from bench import batch_report as rep
+from bench.auto import arm_name
+from bench.load import Service, _count, _epoch, fire, poll_until_finished
+from bench.passes import pass_shapes
+from bench.receipts import RECEIPT_SCHEMA, receipt_rows, receipts
+from bench.strategies import load_dataset
+from structspec.cli import add_model_args, settings_from
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request, refused
 from structspec.engine.prompt import build_prompt
@@ -62,7 +64,7 @@ from structspec.services.strategy import selector_config
 from structspec.stats.aggregate import InMemoryStats
 from structspec.stats.selector import Selector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PARTS = "abcdef"
 RUN_ORDER = "fdceab"  # f first: its peak RSS is then the model's plus its own, not another part's
 MiB = 1024 * 1024
@@ -799,3 +801,42 @@ def run_batch_bench(args, settings: Settings) -> int:
     say(f"wrote {out / 'batch.json'} and {out / 'batch.md'} in {result['wall_s'] / 60:.1f} min")
     f = result["parts"].get("f")
     return 1 if f and not (f["all_complete"] and f["peak_within_budget"]) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.batch",
+                                description="The batched engine against one sequence at a time: parts a-f (this "
+                                            "module's docstring); Markdown on stdout, batch.json, batch.md and "
+                                            "batch_throughput.png in --out.")
+    p.add_argument("--parts", default="abcdef", help="which parts to run (default %(default)s)")
+    p.add_argument("--dataset", default="../shared/data/deepjsoneval_en.jsonl", help="JSONL for part a (skipped if absent)")
+    p.add_argument("--docs", type=int, default=32, help="a: the shortest documents measured")
+    p.add_argument("--warmup", type=int, default=4, help="documents auto learns from first (a, b, c)")
+    p.add_argument("--max-tokens", type=int, default=192, help="a: per document")
+    p.add_argument("--repeats", type=int, default=1, help="a: runs of each configuration (order alternates)")
+    p.add_argument("--receipts", type=int, default=32, help="b, c, d: synthetic receipts")
+    p.add_argument("--receipt-max-tokens", type=int, default=64, help="b: max_tokens per receipt")
+    p.add_argument("--seqs", default="1,4,16,32", help="c: engine_max_seqs values")
+    p.add_argument("--seqs-max-tokens", type=int, default=48, help="c, e: max_tokens per receipt")
+    p.add_argument("--seqs-repeats", type=int, default=1, help="c: runs of each configuration")
+    p.add_argument("--profile-tokens", type=int, default=16, help="e: max_tokens of the profiled run")
+    p.add_argument("--prefix-repeats", type=int, default=1, help="d: runs of cache on and off (order alternates)")
+    p.add_argument("--shape-contexts", default="400,1300",
+                   help="e: context lengths at which one forward pass is timed by shape (sequences x rows)")
+    p.add_argument("--low-kv-docs", type=int, default=64, help="f: receipts")
+    p.add_argument("--low-kv-fit", type=int, default=4, help="f: sequences the KV budget holds at most")
+    p.add_argument("--low-kv-tokens", type=int, default=32, help="f: max_tokens per receipt")
+    p.add_argument("--server-repeats", type=int, default=1, help="b: runs of each worker configuration")
+    p.add_argument("--server-timeout", type=float, default=1800, help="b: give up on a service after this many s")
+    p.add_argument("--server-single-posts", action="store_true",
+                   help="b: also the default worker with one POST /v1/extractions per document")
+    p.add_argument("--keep-logs", metavar="DIR", help="b: copy the server and worker logs here")
+    p.add_argument("--seed", type=int, default=0, help="receipts and auto's draws")
+    p.add_argument("--out", default="bench-out", help="directory for batch.json, batch.md, batch_throughput.png")
+    add_model_args(p)
+    args = p.parse_args(argv)
+    return run_batch_bench(args, settings_from(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""`structspec conformance`: what each grammar backend enforces, measured on real schemas.
+"""`python -m bench.conformance`: what each grammar backend enforces, measured on real schemas.
 
 For every schema: check and compile it exactly as registration and the engine do (meta-schema,
 annotations, closed objects, backend compile); a SchemaError is `refused`. For every test
@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from structspec.bench import percentile
+from bench import percentile
 from structspec.grammar import SchemaError, check_schema, make_backend
 from structspec.grammar.normalize import close_objects
 from structspec.grammar.validation import check_meta_schema
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
 @dataclass
@@ -260,10 +260,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", help="also write the report's numbers here")
 
 
-def main(args) -> int:
+def conformance(args) -> int:
+    """The report for `args` (add_arguments') on stdout; 2 without data."""
     data = Path(args.data)
     if not (data / "json-schema-test-suite").exists() and not (data / "jsonschemabench").exists():
-        print(f"structspec: error: no json-schema-test-suite/ or jsonschemabench/ under {data} (--data)",
+        print(f"bench.conformance: error: no json-schema-test-suite/ or jsonschemabench/ under {data} (--data)",
               file=sys.stderr)
         return 2
     report = run(args)
@@ -279,3 +280,18 @@ def main(args) -> int:
             {part: {b: {k: {f: v for f, v in vars(t).items() if f not in ("check_ms", "compile_ms", "mask_us")}
                         for k, t in per.items()} for b, per in report[part].items()} for part in report}, indent=1))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.conformance",
+                                description="What the grammar backends enforce, on the JSON-Schema-Test-Suite and "
+                                            "JSONSchemaBench: compile every schema as registration does and check "
+                                            "that the grammar accepts each valid test instance and refuses each "
+                                            "invalid one; Markdown tables on stdout (docs/conformance.md holds the "
+                                            "latest).")
+    add_arguments(p)
+    return conformance(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

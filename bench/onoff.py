@@ -2,7 +2,7 @@
 decoded with a boolean engine setting off and on, in one process, rounds interleaved (this
 machine is noisy).
 
-    python -m structspec.bench.onoff [--setting engine_confidence] [--docs 16] [--rounds 3]
+    python -m bench.onoff [--setting engine_confidence] [--docs 16] [--rounds 3]
                                      [--strategy none] [--max-tokens 256]
 
 Settings measured so far: `engine_confidence` (per-value confidence reads the logits; the
@@ -17,7 +17,7 @@ import argparse
 import json
 import time
 
-from structspec.bench.receipts import RECEIPT_SCHEMA, receipts
+from bench.receipts import RECEIPT_SCHEMA, receipts
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model

@@ -1,6 +1,6 @@
 """Micro-benchmark of the verification kernels: Triton vs the torch reference.
 
-    python -m kernels.bench [--device cpu|cuda] [--quick] [--dtype bf16|fp16|fp32]
+    python -m bench.verify [--device cpu|cuda] [--quick] [--dtype bf16|fp16|fp32]
 
 Sweeps batch size B, draft length n and vocabulary size V and prints a
 Markdown table.  Drafts copy the masked argmax, so greedy verification
@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.greedy import masked_argmax_torch, verify_greedy_torch, verify_greedy_triton
-from kernels.sampling import verify_sampling_torch, verify_sampling_triton
+from structspec.kernels.greedy import masked_argmax_torch, verify_greedy_torch, verify_greedy_triton
+from structspec.kernels.sampling import verify_sampling_torch, verify_sampling_triton
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -81,7 +81,8 @@ def make_inputs(batch: int, num_draft: int, vocab: int, dtype: torch.dtype, devi
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Benchmark the structspec verification kernels.")
+    parser = argparse.ArgumentParser(prog="python -m bench.verify",
+                                     description="Benchmark the structspec verification kernels.")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="a small sweep with few iterations")
     parser.add_argument(

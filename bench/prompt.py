@@ -5,7 +5,7 @@ on synthetic receipts with gold values, default model, greedy `none` (the gramma
 schema either way; the prompt only steers the model). One process, the documents of each
 variant batched.
 
-    python -m structspec.bench.prompt [--dataset ../shared/data/deepjsoneval_en.jsonl] [--limit 8]
+    python -m bench.prompt [--dataset ../shared/data/deepjsoneval_en.jsonl] [--limit 8]
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import json
 from pathlib import Path
 
 import structspec.engine.prompt as prompt
-from structspec.bench.receipts import receipt_rows
-from structspec.bench.strategies import load_dataset, results_accuracy
+from bench.receipts import receipt_rows
+from bench.strategies import load_dataset, results_accuracy
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model

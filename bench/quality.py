@@ -3,7 +3,7 @@ synthetic receipts and synthetic e-mails (all carry gold values; the e-mails, sc
 in verbatim mode, are the documents the default model reads best), and whether per-value
 confidence is calibrated: field accuracy by confidence bucket. Greedy `none`, one model per run.
 
-    python -m structspec.bench.quality [--model default] [--limit 48] [--receipts 32] [--emails 32]
+    python -m bench.quality [--model default] [--limit 48] [--receipts 32] [--emails 32]
                                        [--out bench-out]
 
 Field accuracy counts the gold leaves an output matches exactly at the same JSON Pointer
@@ -23,15 +23,15 @@ import json
 import time
 from pathlib import Path
 
-from structspec.bench.contacts import contacts
-from structspec.bench.receipts import receipt_rows
-from structspec.bench.strategies import leaves, load_dataset, results_accuracy, write_report
+from bench.contacts import contacts
+from bench.receipts import receipt_rows
+from bench.strategies import leaves, load_dataset, results_accuracy, write_report
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
 from structspec.options import RequestOptions
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 # Upper edges of the confidence buckets; a confidence equal to an edge falls in the bucket below.
 EDGES = (0.5, 0.8, 0.95, 0.99, 1.0)
 

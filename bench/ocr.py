@@ -2,7 +2,7 @@
 reads images with) and rapidocr-onnxruntime 1.4.4 (PaddleOCR's PP-OCRv4 models on onnxruntime,
 the pip-installable alternative), each where it is installed.
 
-    python -m structspec.bench.ocr [--dir ../shared/data/invoices] [--pdf-pages 4] [--scale 3]
+    python -m bench.ocr [--dir ../shared/data/invoices] [--pdf-pages 4] [--scale 3]
 
 Pages: the directory's page images (NAME.png|jpg|tif) and the first page of the first
 `--pdf-pages` PDFs that have no image of the same name, rendered with pypdfium2 at `--scale`
@@ -41,9 +41,7 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-from structspec.bench.documents import expected_of
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 PUNCTUATION = string.punctuation + "“”‘’«»"
 FULL_WIDTH = {c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}  # rapidocr writes some ASCII punctuation so
@@ -52,6 +50,16 @@ DATE_FORMATS = ("%Y-%m-%d", "%d/%m/%Y", "%m/%d/%Y", "%d-%m-%Y", "%d.%m.%Y", "%B 
 
 
 # --- accuracy ------------------------------------------------------------------------------------
+
+def expected_of(path: Path) -> dict | None:
+    """The fields an invoice file's authors expect (NAME.json beside NAME.pdf|png; the first of
+    a list), or None where there is no such file."""
+    gold = path.with_suffix(".json")
+    if not gold.exists():
+        return None
+    value = json.loads(gold.read_text())
+    return value[0] if isinstance(value, list) else value
+
 
 def words(text: str) -> Counter:
     out = Counter()
@@ -302,7 +310,7 @@ def print_table(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.ocr", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.ocr", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, default=ROOT.parent / "shared" / "data" / "invoices")
     p.add_argument("--pdf-pages", type=int, default=4, help="PDFs whose first page is rendered and read")
     p.add_argument("--scale", type=float, default=3.0, help="pixels per PDF point when rendering (3: 216 dpi)")

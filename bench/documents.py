@@ -5,7 +5,7 @@ For each file of the directory (default ../shared/data/invoices, `NAME.pdf|png` 
 `NAME.json`): ingestion time per page, text-layer pages apart from pages read by OCR (a file
 with any OCR page counts under OCR: images, scanned PDFs), whether the file could be read at
 all (counted, with the reason: no tesseract installed, say), then the OCR engines compared on
-those pages (structspec/bench/ocr.py: Tesseract, which ingest uses, against rapidocr, each
+those pages (bench/ocr.py: Tesseract, which ingest uses, against rapidocr, each
 where installed), then one batched run of the engine over the readable files with
 schemas/invoice-document.json in verbatim mode, and per field: exact matches with the
 expectation (strings compared after trimming and case folding, amounts to the cent), and
@@ -19,19 +19,12 @@ import json
 import time
 from pathlib import Path
 
+from bench import ocr as ocr_bench
 from structspec.config import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "schemas" / "invoice-document.json"
 SUFFIXES = (".pdf", ".png", ".jpg", ".jpeg", ".tif", ".tiff")
-
-
-def expected_of(path: Path) -> dict | None:
-    gold = path.with_suffix(".json")
-    if not gold.exists():
-        return None
-    value = json.loads(gold.read_text())
-    return value[0] if isinstance(value, list) else value
 
 
 def same(want, have) -> bool:
@@ -43,7 +36,7 @@ def same(want, have) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.documents", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.documents", description=__doc__.split("\n\n")[0])
     p.add_argument("--dir", type=Path, default=ROOT.parent / "shared" / "data" / "invoices")
     p.add_argument("--model", default=None, help="the model (default: STRUCTSPEC_MODEL or the default one)")
     p.add_argument("--max-tokens", type=int, default=160)
@@ -54,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="PDFs whose first page is rendered for the OCR comparison, besides the images")
     args = p.parse_args(argv)
 
-    from structspec.bench import ocr as ocr_bench
     from structspec.engine.engine import Engine, Request
     from structspec.ingest import IngestError, ingest
     from structspec.options import RequestOptions
@@ -75,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         seconds = time.perf_counter() - t
         read.append({"file": f.name, "doc": doc, "pages": len(doc.pages), "ingest_s": seconds,
-                     "ocr": any(page.ocr for page in doc.pages), "expected": expected_of(f)})
+                     "ocr": any(page.ocr for page in doc.pages), "expected": ocr_bench.expected_of(f)})
     engines = None
     if args.ocr_compare:  # the images read by OCR, or refused for want of it, and a few rendered pages
         known = {r["file"]: (r["doc"].text, r["ingest_s"]) for r in read if r["ocr"]}

@@ -1,7 +1,7 @@
 """Micro-benchmark of the linear layers on a CPU: oneDNN's prepacked GEMM against
 kernels/cpu_linear.c, at the default model's shapes, in bf16 or fp32.
 
-    python -m structspec.bench.linear [--rows 1,4,16,32,64,128,512] [--layers 30] [--dtype float32]
+    python -m bench.linear [--rows 1,4,16,32,64,128,512] [--layers 30] [--dtype float32]
                                       [--against OLD.c]
 
 SmolLM2-135M's four GEMMs a layer (q/k/v fused 576 -> 960, o 576 -> 576, gate/up fused 576 ->
@@ -35,11 +35,11 @@ def best_ms(fn, repeats: int = 7) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels import cpu_linear, native as native_build
-    from structspec.bench.bound import DTYPE_UNITS, dtype_peak, memory_gbps, peak_gflops
+    from structspec.kernels import cpu_linear, native as native_build
+    from bench.bound import DTYPE_UNITS, dtype_peak, memory_gbps, peak_gflops
     from structspec.engine.packed import PACK_ROWS
 
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.linear", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.linear", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="1,4,16,32,64,128,512", help="row counts (comma-separated)")
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")

@@ -1,6 +1,9 @@
-"""Benchmarks and reports (`structspec bench ...`, `structspec conformance`, `make bench*`).
+"""The development harness beside the product: benchmarks, peers, the GPU kit, kernel
+microbenchmarks and reports (`python -m bench.<name>` from the repository's root; `make bench*`).
 
-Each module states its command; figures go to docs/benchmarks.md and docs/conformance.md.
+It imports structspec, never the reverse (tests/unit/test_layering.py), and is not in the wheel:
+run it from a checkout. Each module states its command; figures go to docs/benchmarks.md and
+docs/conformance.md.
 Shared here: `percentile`, the one definition every report's pNN uses.
 """
 

@@ -7,8 +7,8 @@ every document: shop, city, currency, layout, item count, tax lines, payment wor
 receipt comes with its gold value (what a perfect extraction returns), so benchmarks can grade.
 Outputs are short: 2-5 items make ~45-80 output tokens with the default model's tokenizer.
 
-`python -m structspec.bench.receipts --n 32 --out receipts.jsonl` writes them as a dataset for
-`structspec bench --dataset` ({id, schema, text, gold} per line; one schema for all).
+`python -m bench.receipts --n 32 --out receipts.jsonl` writes them as a dataset for
+`python -m bench.harness --dataset` ({id, schema, text, gold} per line; one schema for all).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import random
 from pathlib import Path
 
-RECEIPT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "receipt.json"
+RECEIPT_SCHEMA = Path(__file__).resolve().parents[1] / "schemas" / "receipt.json"
 
 SHOPS = [
     ("The Corner Cafe", "88 High Street, Bristol BS1 2AW", "GBP", "cafe"),
@@ -157,7 +157,7 @@ def _payment(rng: random.Random, total: float, currency: str) -> tuple[str, list
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.receipts",
+    p = argparse.ArgumentParser(prog="python -m bench.receipts",
                                 description="Write synthetic receipts as a JSONL dataset (one schema for all).")
     p.add_argument("--n", type=int, default=32, help="receipts (default %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="the same seed gives the same receipts")

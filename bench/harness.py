@@ -1,4 +1,4 @@
-"""`structspec bench`: structspec against the tools a user would pick instead, in one run.
+"""`python -m bench.harness`: structspec against the tools a user would pick instead, in one run.
 
 Systems (all greedy, same model object, same prompt, same output cap; structspec and
 hf-prompt-lookup get the same prompt token ids, outlines the decoded prompt text, which it
@@ -32,6 +32,7 @@ to its result.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -45,8 +46,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from structspec.bench import percentile
-from structspec.bench.strategies import field_accuracy, load_dataset, write_report
+from bench import percentile
+from bench.strategies import field_accuracy, load_dataset, write_report
+from structspec.cli import add_model_args, build_engine, settings_from
 from structspec.engine.engine import Engine, Request
 from structspec.engine.prompt import DocumentTooLong, build_prompt
 from structspec.grammar import validate_instance
@@ -451,3 +453,35 @@ def run_harness(args, engine: Engine) -> int:
         paths = plot(summaries, records, path.parent, batch)
         print(f"records written to {path}; plots: {', '.join(str(p) for p in paths)}")
     return 0
+
+
+SYSTEMS = ("structspec:none,structspec:composite,structspec:auto,structspec:auto+verbatim,"
+           "outlines,hf-prompt-lookup")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.harness",
+                                description="Run every --systems on the same documents, interleaved, and report "
+                                            "validity, accuracy, speed and memory per system (Markdown on stdout; "
+                                            "bench.json and PNG plots in --out).")
+    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
+    p.add_argument("--systems", default=SYSTEMS,
+                   help="comma-separated: structspec:<none|schema|ngram|composite|auto>[+verbatim], outlines, "
+                        "hf-prompt-lookup (default %(default)s)")
+    p.add_argument("--limit", type=int, default=8, help="measured documents")
+    p.add_argument("--warmup", type=int, default=0, help="documents only the auto systems run first")
+    p.add_argument("--max-tokens", type=int, default=384)
+    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
+    p.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
+    p.add_argument("--batch", type=int, default=1, metavar="N",
+                   help="documents handed to each system at once (default %(default)s): structspec decodes them "
+                        "together, outlines batches those of one schema, hf-prompt-lookup runs them one by one; "
+                        "the speed columns are then throughput over each group's wall clock")
+    p.add_argument("--out", help="write bench.json and plots here")
+    add_model_args(p)
+    args = p.parse_args(argv)
+    return run_harness(args, build_engine(settings_from(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Pure helpers of `structspec bench batch`: summaries of one configuration's run, ratios,
+"""Pure helpers of `python -m bench.batch`: summaries of one configuration's run, ratios,
 verdicts and the Markdown tables (no model, no torch: unit-tested on their own)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Micro-benchmark of the native CPU attention (kernels/cpu_attention.c) at the default model's
 shapes: decode, verification and prefill steps of a batch.
 
-    python -m structspec.bench.attention [--shapes 16x1@512,16x4@512,16x1@1024,2x512@512]
+    python -m bench.attention [--shapes 16x1@512,16x4@512,16x1@1024,2x512@512]
                                          [--against OLD.c] [--layers 30] [--dtype float32]
 
 A shape SxR@P is S sequences of R new rows each over P tokens of past: 16x1 a decode step of 16
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from structspec.bench.linear import best_ms
+from bench.linear import best_ms
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 
@@ -60,10 +60,10 @@ def step(seqs: int, rows: int, past: int, layers: int, gen: torch.Generator, dty
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernels import cpu_attention, native
-    from structspec.bench.bound import memory_gbps
+    from structspec.kernels import cpu_attention, native
+    from bench.bound import memory_gbps
 
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.attention", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="16x1@512,16x4@512,16x1@1024,2x512@512",
                    help="steps as SEQSxROWS@PAST, comma-separated")
     p.add_argument("--against", type=Path, help="another version of kernels/cpu_attention.c to time beside this one")

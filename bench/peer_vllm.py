@@ -1,8 +1,8 @@
-"""vLLM's side of `structspec bench peer`: runs inside the peer's own virtual environment
+"""vLLM's side of `python -m bench.peer`: runs inside the peer's own virtual environment
 (.venv-vllm, `make peer-vllm`), so it imports vLLM and the standard library only, never
 structspec.
 
-    .venv-vllm/bin/python structspec/bench/peer_vllm.py JOB.json OUT.json
+    .venv-vllm/bin/python bench/peer_vllm.py JOB.json OUT.json
 
 JOB.json: {"model": dir, "schemas": [{...} per prompt], "max_tokens": n, "prompts": [[ids], ...],
 "modes": ["batched", "one", "ngram"], "repeats": r, "max_model_len": n}. The prompts are token ids

@@ -1,4 +1,4 @@
-"""`auto` against every fixed (strategy, k) arm it can choose, on one dataset, in one run.
+"""`python -m bench.auto`: `auto` against every fixed (strategy, k) arm it can choose, on one dataset, in one run.
 
 Warm-up: the first `--warmup` documents run with `auto` alone, so the selector learns from
 its own traffic as it would in the service. Then every measured document runs `none`, every
@@ -13,6 +13,7 @@ output is token-identical across arms (checked), so tokens/s ratios are decode-t
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
@@ -20,7 +21,8 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from structspec.bench.strategies import load_dataset, write_report
+from bench.strategies import load_dataset, write_report
+from structspec.cli import add_model_args, build_engine, settings_from
 from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong
 from structspec.options import RequestOptions
@@ -147,3 +149,34 @@ def run_auto_bench(args, engine: Engine) -> int:
         print("WARNING: some outputs differ from none", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from structspec.config import Settings
+
+    defaults = Settings.from_env()
+    p = argparse.ArgumentParser(prog="python -m bench.auto",
+                                description="The auto selector against every fixed (strategy, k) arm it chooses "
+                                            "from. Warm the selector up on the first --warmup documents (auto "
+                                            "alone), then run none, every fixed arm and auto interleaved on the "
+                                            "next --limit documents and compare decode throughput. Statistics are "
+                                            "pooled for the whole dataset.")
+    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
+    p.add_argument("--warmup", type=int, default=8, help="documents run with auto alone first")
+    p.add_argument("--limit", type=int, default=10, help="measured documents after the warm-up")
+    p.add_argument("--strategies", default="schema,ngram,composite", help="proposers in the grid")
+    p.add_argument("--draft-lens", default="2,4,8,12", help="draft lengths in the grid")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
+    p.add_argument("--half-life", type=float, default=defaults.stats_half_life,
+                   help="selector decay, in requests [env STRUCTSPEC_STATS_HALF_LIFE]")
+    p.add_argument("--seed", type=int, default=0, help="seeds auto's Thompson draws")
+    p.add_argument("--verbatim", action="store_true", help="every run in verbatim mode")
+    p.add_argument("--out", help="write per-document records (JSON) here")
+    add_model_args(p)
+    args = p.parse_args(argv)
+    return run_auto_bench(args, build_engine(settings_from(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Drafting strategies compared on one dataset, interleaved per document in one run.
+"""`python -m bench.strategies`: drafting strategies compared on one dataset, interleaved per document in one run.
 
 The machine is noisy, so every figure that matters is a ratio against `none` measured
 on the same documents in the same run. Each speculative output is also checked to be
@@ -9,6 +9,7 @@ spans of the document), and field accuracy against the dataset's `gold` shows wh
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from structspec.cli import add_model_args, build_engine, settings_from
 from structspec.engine import grounding
 from structspec.engine.engine import Engine
 from structspec.engine.prompt import DocumentTooLong
@@ -176,3 +178,26 @@ def run_strategy_bench(args, engine: Engine) -> int:
         print(f"WARNING: outputs differ from none for {mismatches}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from structspec.config import Settings
+
+    defaults = Settings.from_env()
+    p = argparse.ArgumentParser(prog="python -m bench.strategies",
+                                description="Compare drafting strategies on a JSONL dataset.")
+    p.add_argument("--dataset", required=True, help="JSONL with {id, schema, text, gold?} per line")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--strategies", default="none,schema,ngram,composite")
+    p.add_argument("--modes", default="free", help="free, verbatim or both (free,verbatim): each strategy in each mode")
+    p.add_argument("--draft-len", type=int, default=defaults.draft_len, metavar="K")
+    p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--max-chars", type=int, default=0, help="skip documents longer than this (0 = no limit)")
+    p.add_argument("--out", help="write per-document records (JSON) here")
+    add_model_args(p)
+    args = p.parse_args(argv)
+    return run_strategy_bench(args, build_engine(settings_from(args)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

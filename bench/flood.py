@@ -1,4 +1,4 @@
-"""`python -m structspec.bench.flood`: the service under a flood of scans and hostile files.
+"""`python -m bench.flood`: the service under a flood of scans and hostile files.
 
 Starts `structspec serve` + `structspec worker` (bench/load.py's Service: SQLite and the
 embedded broker, the default model) and measures, while a thread asks `GET /health` every
@@ -30,11 +30,11 @@ import threading
 import time
 from pathlib import Path
 
-from structspec.bench import percentile
-from structspec.bench.hostile import big_page_pdf, png_file
-from structspec.bench.load import Service, poll_until_finished
-from structspec.demo import ROOT
+from bench import percentile
+from bench.hostile import big_page_pdf, png_file
+from bench.load import Service, poll_until_finished
 
+ROOT = Path(__file__).resolve().parents[1]
 INVOICES = ROOT.parent / "shared" / "data" / "invoices"
 FIXTURES = ROOT / "tests" / "fixtures" / "invoices"
 SCHEMA = json.loads((ROOT / "schemas" / "invoice.json").read_text())
@@ -211,7 +211,7 @@ def wrong_keys(base: str, n: int = 300) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.flood", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.flood", description=__doc__.split("\n\n")[0])
     p.add_argument("--clients", type=int, default=6)
     p.add_argument("--per-client", type=int, default=2)
     p.add_argument("--uploads", type=int, default=50)

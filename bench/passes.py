@@ -3,7 +3,7 @@
 Used by `bench batch` (part e) and the GPU check (`bench/gpu.py`); it needs only the engine,
 so it runs where the service's other dependencies are not installed. On its own:
 
-    python -m structspec.bench.passes [--contexts 1100] [--shapes 16x1,16x2,16x3] [--repeats 5]
+    python -m bench.passes [--contexts 1100] [--shapes 16x1,16x2,16x3] [--repeats 5]
 
 times the default model's engine (its default dtype and forward) at each context and shape
 (SEQUENCESxROWS: that many sequences with that many new rows each, full logits for every row, so
@@ -102,7 +102,7 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.passes", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.passes", description=__doc__.split("\n\n")[0])
     p.add_argument("--contexts", default="512,1100", help="tokens already cached in each sequence (comma-separated)")
     p.add_argument("--shapes", default="16x1,16x2,16x3,16x4,16x6,1x1,1x4,1x8", help="SEQUENCESxROWS, comma-separated")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (the median is reported)")

@@ -13,7 +13,7 @@ default model's GGUF cut into parts that fit beside them, one part per call to a
 the measurements the GPU issue asks for first (a stage that would start after --deadline-s is
 skipped and says how to run it alone):
   env           device, versions
-  kernel-bench  python -m kernels.bench: Triton against the torch reference and the bandwidth bound
+  kernel-bench  python -m bench.verify: Triton against the torch reference and the bandwidth bound
   kernels       tests/kernels in Triton's interpreter, as `make test` runs them; on CUDA also the
                 kernels' tests against their references with the kernels compiled, on the GPU
   exactness     random-weight models from real configs (SmolLM2-135M, Qwen2.5-0.5B, Llama-3.2-1B) in
@@ -49,7 +49,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024
 CALL_LIMIT = 64 * MiB  # the working tree plus carried paths, per call (the device tool's README)
 # What the plan lets each call send (issue 32): headroom under CALL_LIMIT for files that appear in
@@ -216,7 +216,7 @@ def bundle(out: Path, gguf: Path | None, python_version: str = LENT_PYTHON) -> d
 FIRST_CALL_STAGES = ("kernel-bench", "kernels", "exactness", "pass-cost", "throughput")
 LAST_CALL_STAGES = ("real-model", "hf-peer")  # the default model's weights, whose parts the calls carry
 CHECK = ("set -o pipefail; HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=/tmp/gpukit/site:$PWD "
-         "python3 -m structspec.bench.gpu check --device cuda --tokenizer /tmp/gpukit/tokenizer")
+         "python3 -m bench.gpu check --device cuda --tokenizer /tmp/gpukit/tokenizer")
 
 
 def over_plan(summary: dict[str, Any]) -> str:
@@ -424,7 +424,7 @@ def _pytest(args: list[str], env_set: dict[str, str], drop: tuple[str, ...] = ()
 
 
 def run_kernel_bench(device: str, small: bool) -> dict[str, Any]:
-    args = [sys.executable, "-m", "kernels.bench", "--device", device] + (["--quick"] if small else [])
+    args = [sys.executable, "-m", "bench.verify", "--device", device] + (["--quick"] if small else [])
     proc = subprocess.run(args, cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                           timeout=subprocess_timeout())
     if proc.returncode != 0:
@@ -485,7 +485,7 @@ def random_model(name: str, base: dict[str, Any], tok, device: str, dtype, small
 def documents(n: int) -> list[tuple[dict, str]]:
     """The n shortest DeepJSONEval documents of the test fixture (Apache-2.0, tests/fixtures/NOTICE.md),
     their schemas bounded (random models otherwise run to max_tokens in arrays and digits)."""
-    from structspec.bench.exactness import bounded
+    from bench.exactness import bounded
 
     path = ROOT / "tests" / "fixtures" / "deepjsoneval_sample.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -498,7 +498,7 @@ def exactness_stage(tok, configs: dict[str, dict], device: str, small: bool) -> 
     at once) against `none` alone."""
     import torch
 
-    from structspec.bench.exactness import compare
+    from bench.exactness import compare
     from structspec.engine.engine import Engine, Request
     from structspec.options import RequestOptions
 
@@ -539,7 +539,7 @@ def exactness_stage(tok, configs: dict[str, dict], device: str, small: bool) -> 
 def pass_cost_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any]:
     import torch
 
-    from structspec.bench.passes import pass_shapes
+    from bench.passes import pass_shapes
     from structspec.engine.engine import Engine
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -592,7 +592,7 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
     """Batched `none` decode against one sequence at a time, random weights, receipts."""
     import torch
 
-    from structspec.bench.receipts import RECEIPT_SCHEMA, receipts
+    from bench.receipts import RECEIPT_SCHEMA, receipts
     from structspec.options import RequestOptions
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -625,8 +625,8 @@ def throughput_stage(tok, base: dict, device: str, small: bool) -> dict[str, Any
 def real_model_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
     """The default model's weights: e-mails and receipts, `none` and composite k 8, batched
     and alone; tokens per pass is what speculation earns."""
-    from structspec.bench.contacts import contacts
-    from structspec.bench.receipts import receipts
+    from bench.contacts import contacts
+    from bench.receipts import receipts
     from structspec.engine.model import load_model
     from structspec.options import RequestOptions
 
@@ -657,7 +657,7 @@ def hf_peer_stage(gguf: Path, device: str, small: bool) -> dict[str, Any]:
     import jsonschema
     import torch
 
-    from structspec.bench.receipts import receipts
+    from bench.receipts import receipts
     from structspec.engine.model import load_model
     from structspec.engine.prompt import build_prompt
 
@@ -745,7 +745,7 @@ def largest_gap(diverged: list[dict]) -> dict[str, Any]:
     """The exactness row's largest top-2 gap at a divergence, the reference's top logit there
     and the gap in bf16 steps of that logit's size (reports from before the top was recorded
     have none: those cells stay empty)."""
-    from structspec.bench.exactness import bf16_steps
+    from bench.exactness import bf16_steps
 
     known = [d for d in diverged if d.get("gap") is not None]
     if not known:
@@ -806,7 +806,7 @@ def report_markdown(device: str, stages: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m structspec.bench.gpu", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("bundle", help="gather .gpu/ for the device calls (here)")
     b.add_argument("--out", type=Path, default=ROOT / ".gpu")
