@@ -28,7 +28,7 @@ def test_the_benchmarks_page_is_a_current_page():
 
 def guarantee(dtype: str) -> float:
     """The tolerance the README states for `dtype`: 'in **fp32**, **6e-4**'."""
-    m = re.search(rf"in \*\*{dtype}\*\*, \*\*([0-9.e-]+)\*\*", README)
+    m = re.search(rf"in \*\*{dtype}\*\*, \*\*([0-9.]+(?:e-?[0-9]+)?)\*\*", README)
     assert m, f"the README's guarantee names no tolerance for {dtype}"
     return float(m.group(1))
 
@@ -37,7 +37,7 @@ def test_the_guarantee_states_the_tolerances_the_tests_assert():
     assert guarantee("fp32") == DEFAULT_MODEL_EPS
     assert guarantee("bf16") == DEFAULT_MODEL_BF16_EPS
     # "16 bf16 steps at logits of 32-64, where one step is 0.25"
-    m = re.search(r"(\d+) bf16 steps at logits of (\d+)-(\d+), where one step is ([0-9.]+)", README)
+    m = re.search(r"(\d+) bf16 steps at logits of (\d+)-(\d+), where one step is ([0-9]+(?:\.[0-9]+)?)", README)
     assert m, "the README states the bf16 tolerance in bf16 steps"
     steps, low, high, step = int(m.group(1)), int(m.group(2)), int(m.group(3)), float(m.group(4))
     assert high == 2 * low
