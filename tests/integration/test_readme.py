@@ -43,15 +43,6 @@ def script(text: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def test_the_script_keeps_every_block_in_order_and_skips_only_make_test():
-    text = ("intro\n```sh\nmake demo\nmake test   # the suite\n```\n"
-            "```python\nprint('hi')\n```\n```json\n{}\n```\n```sh\necho done\n```\n")
-    s = script(text)
-    assert "make demo" in s and "make test" not in s and "{}" not in s
-    assert s.index("make demo") < s.index("print('hi')") < s.index("echo done")
-    assert "README_PYTHON\nprint('hi')\nREADME_PYTHON" in s
-
-
 def copy_checkout(dest: Path) -> None:
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                             cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from tests.integration.test_readme import script
 from tests.unit.engine.test_batched import DEFAULT_MODEL_EPS
 from tests.unit.engine.test_bf16 import DEFAULT_MODEL_BF16_EPS
 
@@ -57,3 +58,12 @@ def test_relative_links_lead_to_files_that_exist():
             if not path.exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+def test_the_readme_runner_keeps_every_block_in_order_and_skips_only_make_test():
+    text = ("intro\n```sh\nmake demo\nmake test   # the suite\n```\n"
+            "```python\nprint('hi')\n```\n```json\n{}\n```\n```sh\necho done\n```\n")
+    s = script(text)
+    assert "make demo" in s and "make test" not in s and "{}" not in s
+    assert s.index("make demo") < s.index("print('hi')") < s.index("echo done")
+    assert "<<'README_PYTHON'\nprint('hi')\nREADME_PYTHON\n" in s
