@@ -340,6 +340,7 @@ DEFAULT_MODEL_DOCS = 4
 
 
 @pytest.mark.model
+@pytest.mark.long  # the slowest test (~20% of a full run); `make test` keeps the 52-document comparison
 def test_default_model_batched_matches_one_at_a_time(default_engine, monkeypatch):
     loaded = default_engine.loaded
     rows = deepjsoneval_rows(DEFAULT_MODEL_DOCS)

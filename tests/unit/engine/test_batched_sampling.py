@@ -23,6 +23,10 @@ from structspec.engine.prompt import build_prompt
 from structspec.options import RequestOptions
 from tests.unit.engine.test_speculative_sampling import SCHEMA, TEXT, FirstAllowedProposer
 
+# `make test-long` (docs/testing.md): 2000 samples twice, ~15% of a full run; `make test` keeps the
+# sampling checks of tests/kernels/test_sampling_stats.py and test_speculative_sampling.py
+pytestmark = pytest.mark.long
+
 TEMPERATURE = 2.0
 # strategy -> (samples, draft_len); "first-allowed" is FirstAllowedProposer: deterministic and
 # often wrong at the free choices, where its drafts are accepted with probability p(x) < 1

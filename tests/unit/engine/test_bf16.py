@@ -110,6 +110,7 @@ def tiny_normal_bf16(tiny_normal_loaded):
     return from_model(model, tiny_normal_loaded.tokenizer, name="tiny-random-normal-bf16")
 
 
+@pytest.mark.long  # `make test` keeps the bf16 check on the default model and the bf16 kernel tests
 def test_bf16_batched_matches_one_at_a_time_except_at_near_ties(tiny_normal_bf16, monkeypatch):
     rows = deepjsoneval_rows(DOCS)
     strategies = ("none", "schema", "ngram", "suffix", "composite")
@@ -141,6 +142,7 @@ DEFAULT_MODEL_DOCS = 2
 
 
 @pytest.mark.model
+@pytest.mark.long  # `make test` keeps the bf16 check on the default model (test above)
 def test_default_model_bf16_batched_matches_one_at_a_time(default_engine, monkeypatch):
     model = copy.deepcopy(default_engine.loaded.model).to(torch.bfloat16)
     loaded = from_model(model, default_engine.loaded.tokenizer, name="default-bf16")
