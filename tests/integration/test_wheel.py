@@ -35,7 +35,7 @@ import pytest
 
 from tests.conftest import unavailable
 
-pytestmark = [pytest.mark.slow, pytest.mark.model]
+pytestmark = [pytest.mark.slow, pytest.mark.model, pytest.mark.long]
 
 ROOT = Path(__file__).resolve().parents[2]
 # what a build of the checkout needs; the rest (environments, outputs, caches) is not copied
