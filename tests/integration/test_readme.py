@@ -85,4 +85,4 @@ def test_every_readme_block_runs_as_written(tmp_path):
     assert all(x["status"] == "succeeded" for x in results), results
     assert list((work / "overlay").glob("*.png")), "the PDF's boxes were not drawn"
     assert "name=" in out, "the Python client printed no parsed Contact" + tail
-    assert port_free(8000), "the tour's `kill %1 %2` left the server running"
+    assert port_free(8000), "the tour's `kill %1 %2; wait` left the server running"

@@ -89,8 +89,10 @@ def fresh_venv(path: Path) -> tuple[Path, Path]:
     paths = run([python, "-c", "import json, sysconfig; p = sysconfig.get_paths(); "
                                "print(json.dumps(sorted({p['purelib'], p['platlib']})))"], timeout=60)
     sites = [Path(p) for p in json.loads(paths.stdout)]
+    # this environment's site-packages, wherever it is (.venv may sit inside the checkout): plain
+    # path lines, so its .pth files (the editable install's finder) do not run in the new one
     ours = [p for p in {*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-            if Path(p).is_dir() and not Path(p).resolve().is_relative_to(ROOT.resolve())]
+            if Path(p).is_dir() and not (Path(p) / "structspec").exists()]
     sites[0].mkdir(parents=True, exist_ok=True)
     (sites[0] / "zz_structspec_test_dependencies.pth").write_text("".join(f"{p}\n" for p in sorted(ours)))
     return python, sites[0]
