@@ -53,12 +53,11 @@ def propose(seq: Sequence) -> None:
     """seq.draft := up to seq.k proposed tokens, cut at the first control token (proposers
     encode text as plain text and never draft one; an injected proposer might) and at the
     first one the grammar refuses."""
+    seq.ctx.confidence = []  # the proposer notes how sure it is of what it drafts now
     if seq.k <= 0:
         seq.draft = []
-        seq.ctx.confidence = []
         return
     seq.ctx.output_text = seq.out_bytes.decode("utf-8", errors="replace")
-    seq.ctx.confidence = []
     draft = seq.proposer.propose(seq.ctx, seq.k)[:seq.k]
     special = seq.ctx.tokens.special
     draft = draft[:next((i for i, t in enumerate(draft) if t in special), len(draft))]
