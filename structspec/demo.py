@@ -257,14 +257,15 @@ def file_demo(path: Path, what: str, env: dict[str, str], deadline: float, say, 
     boxes = line.get("boxes") or {}
     checks = scores.check(path, schema, line["result"])
     by_pointer = {c.pointer: c for c in checks or ()}
-    say(f"{path.name}: value, right or wrong, page, box [x0, y0, x1, y1] in {UNITS[path.suffix]}")
+    say(f"{path.name}: value, page, box [x0, y0, x1, y1] in {UNITS[path.suffix]}"
+        + (", right or wrong" if checks is not None else ""))
     for ptr, value in leaves(line["result"]):
         where = "; ".join(f"page {b['page']} {b['box']}" for b in boxes.get(ptr, [])) or "(no box: not a span)"
-        right = f"{mark(by_pointer.get(ptr)):<28} " if checks is not None else ""
-        say(f"  {ptr:<16} {json.dumps(value, ensure_ascii=False):<28} {right}{where}")
+        right = f"  {mark(by_pointer.get(ptr))}" if checks is not None else ""
+        say(f"  {ptr:<16} {json.dumps(value, ensure_ascii=False):<28} {where:<42}{right}".rstrip())
     if checks is not None:
         for c in missing(checks):
-            say(f"  {c.pointer:<16} {'(missing)':<28} {mark(c)}")
+            say(f"  {c.pointer:<16} {'(missing)':<28} {'':<42}  {mark(c)}")
         say(score_line(path.name, checks))
     say("the overlay shows where each value was read")
 
