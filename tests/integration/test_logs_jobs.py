@@ -142,6 +142,10 @@ def test_worker_process_in_json_mode_writes_only_json_lines_with_ids_and_no_docu
             poll(lambda: client.get(f"/v1/extractions/{job_id}").json()["finished_at"], timeout=90,
                  what="the job", worker=worker)
             poll(lambda: "job finished" in worker.log.read_text(), timeout=10, what="the log line", worker=worker)
+            # the file reader (`--queues all`) starts beside the model's worker and may be ready after the
+            # job: SIGTERM before its handlers are installed would end it without its shutdown notice
+            poll(lambda: worker.log.read_text().count(' ready."') >= 2, timeout=60, what="the file reader ready",
+                 worker=worker)
     finally:
         worker.stop()
     text = worker.log.read_text()
