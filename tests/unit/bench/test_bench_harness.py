@@ -51,6 +51,7 @@ def test_auto_bench_compares_auto_with_every_fixed_arm(tiny_engine, tmp_path, ca
     assert "auto = " in capsys.readouterr().out
 
 
+@pytest.mark.long  # every system of the harness on a real engine; the batch-mode test below keeps the harness in `make test`
 def test_comparison_harness_runs_every_system_on_two_tiny_documents(tiny_engine, tmp_path, capsys):
     from bench.harness import run_harness
 

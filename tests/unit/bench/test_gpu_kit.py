@@ -44,6 +44,7 @@ def test_a_plan_with_no_room_says_why():
         gpu.plan_calls(tree=2 * MiB, wheels=21 * MiB, model=94 * MiB)
 
 
+@pytest.mark.long  # builds the real bundle (wheels and the model in parts): the slowest test of `make test`
 def test_the_real_bundle_sends_at_most_56_then_60_mib_and_its_model_reassembles(tmp_path):
     """Issue 32's limits on the bundle as built here: the wheels at the versions installed, the
     default tokenizer, the default model's GGUF compressed (cached: ~1 min the first time) in two
