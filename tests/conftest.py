@@ -66,6 +66,26 @@ def skip_hint(reasons: list[str]) -> str:
     return "; ".join(hints) or "each reason above says what this host lacks (such skips stay skips in CI)"
 
 
+def pytest_collection_modifyitems(config, items):
+    """A module's LONG_PARAMS sends some of its parametrized cases to `make test-long`:
+    {test function name, or "*" for every test in the module: {parameter: value, ...}, or a list
+    of such}; a case whose parameters hold all the values of one of them is marked `long`. Used
+    where a test runs on several backends or shapes and `make test` keeps one of them; each
+    module says which it keeps (docs/testing.md)."""
+    for item in items:
+        spec = getattr(getattr(item, "module", None), "LONG_PARAMS", None)
+        params = getattr(getattr(item, "callspec", None), "params", None)
+        if not spec or not params:
+            continue
+        name = item.originalname.split("[")[0]
+        wanted = []
+        for key in (name, "*"):
+            found = spec.get(key) or []
+            wanted += found if isinstance(found, list) else [found]
+        if any(all(k in params and params[k] == v for k, v in w.items()) for w in wanted):
+            item.add_marker(pytest.mark.long)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """After pytest's own summary (tryfirst makes this wrapper the outermost, so its code after

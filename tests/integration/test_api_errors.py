@@ -12,6 +12,10 @@ from integration_helpers import assert_error
 ROOT = Path(__file__).resolve().parents[2]
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 def post_raw(client, content: bytes, content_type: str = "application/json"):
     return client.post("/v1/schemas", content=content, headers={"content-type": content_type})
 

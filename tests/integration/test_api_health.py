@@ -10,6 +10,10 @@ from litestar.testing import TestClient
 from structspec.api.app import create_app
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 def health(settings):
     with TestClient(create_app(settings), raise_server_exceptions=False) as c:
         start = time.monotonic()

@@ -14,6 +14,10 @@ INVOICE = {"type": "object", "properties": {"total": {"type": "number"}, "curren
            "required": ["total"]}
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 def register(client, name="invoice", schema=INVOICE, **extra):
     return client.post("/v1/schemas", json={"name": name, "schema": schema, **extra})
 

@@ -23,6 +23,10 @@ from structspec.db.session import make_engine, make_session_factory
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 @pytest.fixture
 def keys(client):
     factory = client.app.state.session_factory

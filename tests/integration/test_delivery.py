@@ -36,6 +36,10 @@ from structspec.db import migrate
 from structspec.db.session import make_engine
 
 BROKERS = {"redis": (REDIS_URL, 6379), "rabbitmq": (AMQP_URL, 5672)}
+# `make test` drops Redis's connections; RabbitMQ's in `make test-long` (the prefork test below
+# runs on RabbitMQ in both)
+LONG_PARAMS = {"test_a_batch_survives_dropped_connections_and_a_database_outage_each_job_stored_once":
+               {"broker": "rabbitmq"}}
 # Outputs of 80-110 characters, decoded 4 at a time: jobs are still running when the faults strike.
 LONG_SCHEMA = {"type": "object",
                "properties": {"note": {"type": "string", "minLength": 80, "maxLength": 110},

@@ -23,6 +23,10 @@ PDF = (Path(__file__).resolve().parents[1] / "fixtures" / "invoices" / "AzureInt
 SCHEMA = {"type": "object", "properties": {"who": {"type": "string"}}, "required": ["who"]}
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 def blank_pdf() -> bytes:
     """A PDF of one empty page: it opens and has a page (the submission's checks pass), and
     reading it finds no text (the reader's)."""

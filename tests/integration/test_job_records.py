@@ -19,6 +19,8 @@ from structspec.worker import retention
 from structspec.worker.retention import Purged, purge_expired
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
 
 
 @pytest.fixture

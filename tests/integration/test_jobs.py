@@ -35,6 +35,9 @@ from structspec.db.jobs import JobRepository
 from structspec.db.models import JobRecord
 
 STACKS = ["embedded", "redis-postgresql"]
+# `make test` runs the embedded stack here; Redis + PostgreSQL under a worker it runs in
+# test_stats_worker.py and test_suffix_worker.py, and this module on them in `make test-long`
+LONG_PARAMS = {"*": {"stack": "redis-postgresql"}}
 WEBHOOKS = {"webhook_hosts": "127.0.0.1", "webhook_secret": "stack-secret"}  # test_a_batch_webhook_...
 JOB_TIMEOUT = 60
 BATCH_TIMEOUT = 120

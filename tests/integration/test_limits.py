@@ -14,6 +14,10 @@ from integration_helpers import assert_error
 from structspec.api.app import create_app
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 50.0

@@ -21,6 +21,8 @@ from structspec.db.session import make_engine, make_session_factory
 from structspec.logs import JsonFormatter, TextFormatter, fields_of
 
 MARKER = "QUOKKA-7f3a9-MARKER"
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
 # The marker sits past the preview length, as a document's tail would.
 DOCUMENT = "label: b, ok: yes. " + "filler words of a private document " * 6 + MARKER
 

@@ -99,6 +99,7 @@ def test_json_object_and_the_model_list(client, deployment):
     assert [m.id for m in client.models.list()] == [deployment[2]]
 
 
+@pytest.mark.long  # the surface's own outputs, schema-valid and with their stats, stay in `make test` (tests above)
 def test_greedy_output_equals_cli_extract_none_on_the_same_messages(client, deployment, tmp_path):
     """Through the surface, speculating (the schema pinned to `composite`: drafts proposed and
     accepted, checked on the jobs' stats) vs `structspec extract --messages --strategy none`:

@@ -23,6 +23,10 @@ from structspec.stats.selector import Selector
 SCHEMA = {"type": "object", "properties": {"label": {"enum": ["a", "b"]}}, "required": ["label"]}
 
 
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
+
+
 def job_stats(strategy: str, k: int, passes: int, acc_pos: list[int], decode_s: float = 0.1) -> dict:
     accepted = sum(acc_pos)
     return {"strategy": strategy, "draft_len": k, "output_tokens": passes + accepted, "target_passes": passes,

@@ -20,6 +20,8 @@ from structspec.config import Settings
 from structspec.db import migrate
 
 STACKS = ["embedded", "redis-postgresql"]
+# `make test` runs Redis + PostgreSQL here (test_jobs.py the embedded stack); `make test-long` both
+LONG_PARAMS = {"*": {"stack": "embedded"}}
 FIELDS = ("output_tokens", "target_passes", "proposed", "accepted")
 
 

@@ -18,6 +18,8 @@ from structspec.config import Settings
 from structspec.db import migrate
 
 SUFFIX = {"strategy": "suffix", "draft_len": 8, "max_tokens": 48}
+# `make test` runs Redis + PostgreSQL here (test_jobs.py the embedded stack); `make test-long` both
+LONG_PARAMS = {"*": {"settings": "embedded"}}
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,8 @@ WAIT_S = 6  # ?wait= and STRUCTSPEC_CHAT_TIMEOUT_S: the kept requests wait this 
 ABANDON_S = 1.0  # the abandoned ones' clients give up after this
 PER_KIND = 16  # kept and abandoned, of each of: extraction wait, chat, streamed chat (in halves)
 READ_BOUND_S = WAIT_S / 2  # every /health and GET /v1/schemas under load answers within this
+# `make test` runs the server on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"server": "postgresql"}}
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -23,6 +23,8 @@ from structspec.worker.webhooks import deliver_webhooks
 
 SCHEMA = {"type": "object", "properties": {"total": {"type": "number"}}, "required": ["total"]}
 SECRET = "s3cret"
+# `make test` runs these on SQLite; on PostgreSQL in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"*": {"database_url": "postgresql"}}
 
 
 @pytest.fixture

@@ -16,6 +16,9 @@ ENGINE_ON_CPU = pytest.mark.skipif(DEVICE.type == "cuda", reason="the engine tes
 # chunk (past 0) longer than a query block, contexts longer than a key block
 SEQUENCES = [(1, 7), (5, 0), (3, 40), (20, 3), (1, 100), (17, 64)]
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 4e-3, torch.bfloat16: 3e-2}
+# `make test` checks the kernel without a sliding window here (the CPU kernels' tests check theirs);
+# the window in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"test_attend_matches_the_reference_and_writes_only_the_new_rows": {"window": 6}}
 
 
 def make_case(dtype, heads, kv_heads, dim, dim_v, sequences=SEQUENCES, spare=5, seed=0):

@@ -44,6 +44,7 @@ def compile_for(source, flags: tuple[str, ...], march: str, out) -> subprocess.C
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.long  # this host's own builds are tested in `make test` (tests/kernels/test_cpu_*.py)
 @pytest.mark.parametrize("march", list(TARGETS))
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_each_kernel_source_compiles_for_each_cpu_family(name, march, tmp_path):

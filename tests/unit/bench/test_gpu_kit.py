@@ -131,6 +131,7 @@ def test_the_last_call_refuses_a_model_whose_first_part_is_gone(tmp_path):
     assert proc.returncode == 0 and "reached" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.long  # the harness's own imports; the kit's planning and report tests stay in `make test`
 def test_the_timing_stages_run_on_a_cpu_importing_only_what_the_lent_image_or_the_bundle_has(tokenizer, tmp_path):
     """`check` in a fresh process, as it runs there. A distribution it imports outside BUNDLED
     and IMAGE_HAS would be missing on the lent machine (sqlalchemy once came in through

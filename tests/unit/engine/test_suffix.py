@@ -13,6 +13,10 @@ from tests.unit.engine.test_exactness import RECEIPT, RECEIPT_TEXT
 A, B, C, D, E = range(100, 105)
 
 
+# `make test` checks drafts of 1 and 3 tokens; 8 and 16 in `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"test_drafts_from_an_earlier_output_are_accepted_and_change_nothing": [{"draft_len": 8}, {"draft_len": 16}]}
+
+
 def chars(*ids: int) -> str:
     return "".join(chr(i + 1) for i in ids)
 

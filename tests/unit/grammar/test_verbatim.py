@@ -13,6 +13,9 @@ from structspec.grammar.verbatim import KEY, uses_verbatim
 from tests.conftest import deepjsoneval_rows
 
 TRICKY = 'He said "hi" \\ then\nleft.\tCafé 東京 — 5 €\r\nEnd'
+# `make test` checks the 50 documents in the default (flexible) layout; the compact one in
+# `make test-long` (tests/conftest.py)
+LONG_PARAMS = {"test_every_string_is_a_document_span_on_50_documents": {"whitespace": "compact"}}
 SCHEMA = {"type": "object",
           "properties": {"quote": {"type": "string"}, "note": {"type": "string", KEY: False},
                          "n": {"type": "number"}, "kind": {"enum": ["a", "b"]},
