@@ -71,9 +71,17 @@ def pytest_collection_modifyitems(config, items):
     {test function name, or "*" for every test in the module: {parameter: value, ...}, or a list
     of such}; a case whose parameters hold all the values of one of them is marked `long`. Used
     where a test runs on several backends or shapes and `make test` keeps one of them; each
-    module says which it keeps (docs/testing.md)."""
+    module says which it keeps (docs/testing.md). A name the module has no test of is an error,
+    so a renamed test does not bring its long cases back into `make test` unnoticed."""
+    checked = set()
     for item in items:
-        spec = getattr(getattr(item, "module", None), "LONG_PARAMS", None)
+        module = getattr(item, "module", None)
+        spec = getattr(module, "LONG_PARAMS", None)
+        if spec and module not in checked:
+            checked.add(module)
+            unknown = [name for name in spec if name != "*" and not callable(getattr(module, name, None))]
+            if unknown:
+                raise pytest.UsageError(f"{module.__name__}.LONG_PARAMS names no test of the module: {unknown}")
         params = getattr(getattr(item, "callspec", None), "params", None)
         if not spec or not params:
             continue
