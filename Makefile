@@ -162,7 +162,7 @@ $(VLLM_VENV)/.installed: bench/peer-vllm-requirements.txt
 # receipts (max_tokens 256; also through a real server + worker, as one batch and one job after
 # another) and the 32 shortest DeepJSONEval documents (max_tokens 192). ~25 min. Run it alone.
 bench-peer: install peer-vllm
-	$(PY) -m bench.bound --out bench-out/bound.json
+	$(PY) -m bench.bound --dtypes auto --out bench-out/bound.json
 	$(PY) -m bench.peer --dataset receipts --n 32 --max-tokens 256 --server-modes batch,one \
 		--out bench-out/peer
 	$(PY) -m bench.peer --dataset ../shared/data/deepjsoneval_en.jsonl --n 32 --max-tokens 192 \

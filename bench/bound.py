@@ -345,12 +345,20 @@ def measure(dtypes: tuple[str, ...] = ("float32", "bfloat16"), threads: int = 0,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--dtypes", default="float32,bfloat16", help="the default model's dtypes to time")
+    p.add_argument("--dtypes", default="float32,bfloat16",
+                   help="the default model's dtypes to time, comma-separated; 'auto': only the one the engine's "
+                        "dtype `auto` runs on this CPU (bf16 where it has bf16 units, else fp32: a bf16 pass "
+                        "emulated on a CPU without them takes minutes and says nothing the engine does)")
     p.add_argument("--profile", action="store_true",
                    help="also profile a 16-sequence decode pass and a prefill chunk by part and operator")
     p.add_argument("--out", type=Path, default=Path("bench-out/bound.json"))
     args = p.parse_args(argv)
-    report = measure(tuple(args.dtypes.split(",")), args.threads, args.profile)
+    dtypes = tuple(args.dtypes.split(","))
+    if dtypes == ("auto",):
+        dtypes = ("bfloat16",) if cpu_has_bf16_matmul() else ("float32",)
+    elif unknown := [d for d in dtypes if d not in ("float32", "bfloat16")]:
+        p.error(f"unknown --dtypes {', '.join(unknown)}; choose among float32, bfloat16, or 'auto' alone")
+    report = measure(dtypes, args.threads, args.profile)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))

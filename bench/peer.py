@@ -14,7 +14,12 @@ one document before the timing).
 
 Modes: structspec batched `auto` and `none` (the default engine_max_seqs) and `auto` one
 document at a time (engine_max_seqs 1; each document drawn from the statistics the ones before
-it left, as the worker draws lone jobs: AutoPicker.run_live); with --server-modes, also the product's own path: a
+it left, as the worker draws lone jobs: AutoPicker.run_live); `batched replay`, the drafting
+ceiling: the batch again, each sequence drafting (up to REPLAY_K a pass) the tokens an untimed
+`none` run of its document emitted (Replay), so nearly every drafted row is accepted and the
+batch takes the fewest passes its outputs allow; no real proposer knows the answer, so no
+strategy can gain more over `none` in this batch than it does (a measurement, not a product
+mode). With --server-modes, also the product's own path: a
 real API server + worker (run_server), the documents as one batch and one job after another,
 timed from the first POST to the last result (the worker's model load and warm-up excluded);
 vLLM batched, one prompt per call, and batched with
@@ -64,10 +69,53 @@ from structspec.options import RequestOptions
 DRIVER = Path(__file__).resolve().with_name("peer_vllm.py")
 VLLM_MODES = ("batched", "one", "ngram")
 SERVER_MODES = ("batch", "one")  # through `structspec serve` + `structspec worker` (run_server)
-STRUCTSPEC_MODES = ("batched auto", "batched none", "one auto")
+STRUCTSPEC_MODES = ("batched auto", "batched none", "one auto", "batched replay")
+REPLAY_K = 16  # draft tokens a `batched replay` sequence offers a pass (the most `auto` drafts)
 
 
 WARMUP = 8  # documents `auto` learns from before the timing (others than the timed ones)
+
+
+class Replay:
+    """A proposer that knows the answer: drafts what a `none` run of the same document emitted
+    after the output so far (up to k tokens), nothing once the output has left it (a near-tie
+    the batch's passes broke the other way). `batched replay` runs it: the ceiling of what
+    drafting gains in a batch."""
+
+    name = "replay"
+
+    def __init__(self, tokens: list[int]):
+        self.tokens = list(tokens)
+
+    def propose(self, ctx, k: int) -> list[int]:
+        n = len(ctx.output_tokens)
+        if list(ctx.output_tokens) != self.tokens[:n]:
+            return []
+        return self.tokens[n:n + k]
+
+
+def replay_runner(answers: list[list[int]], max_tokens: int) -> Callable[[Engine, list[dict]], list]:
+    """The `batched replay` mode: every row as one batch, each drafting its own `none` answer."""
+    def run(engine: Engine, rows: list[dict]) -> list:
+        options = RequestOptions(strategy="none", draft_len=REPLAY_K, max_tokens=max_tokens)
+        return engine.run([Request(r["schema"], r["text"], options, proposer=Replay(a)) for r, a in zip(rows, answers)])
+    return run
+
+
+def replay_line(report: dict) -> str | None:
+    """How far `batched replay` is from `batched none` (the most drafting could gain in this batch)
+    and where `batched auto` stands in that range; None without replay and none."""
+    systems = report["systems"]
+    replay, none = systems.get("structspec batched replay"), systems.get("structspec batched none")
+    if replay is None or none is None:
+        return None
+    ceiling = replay["docs_per_min"] / none["docs_per_min"]
+    line = (f"drafting ceiling: batched replay (every draft the answer) {replay['docs_per_min']} documents/min = "
+            f"{ceiling:.2f}x batched none; its outputs equal none's in {replay['same_as_none']}/{report['documents']}")
+    auto = systems.get("structspec batched auto")
+    if auto is not None:
+        line += f"; batched auto is {auto['docs_per_min'] / none['docs_per_min']:.2f}x none"
+    return line
 
 
 def rows_of(dataset: str, n: int, max_chars: int) -> tuple[list[dict], list[dict]]:
@@ -121,7 +169,8 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan] | Callable[[Engin
         out[mode] = (s, sum(r.stats.output_tokens for r in results),
                      [r.value if r.status == "succeeded" else None for r in results],
                      [{"text": r.text, "tokens": r.stats.output_tokens, "status": r.status,
-                       "arm": arm_name(r.stats.strategy, r.stats.draft_len)} for r in results])
+                       "arm": arm_name(r.stats.strategy, r.stats.draft_len),
+                       "token_ids": list(getattr(r, "tokens", None) or [])} for r in results])
         print(f"structspec {mode}: {s:.1f} s", file=sys.stderr, flush=True)
     return out
 
@@ -289,8 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     none = fixed_plans("none", len(rows), args.max_tokens)
     live = functools.partial(picker.run_live, max_tokens=args.max_tokens)
     engines = {"batched auto": (batched, auto), "batched none": (batched, none), "one auto": (one, live)}
-    engines = {mode: engines[mode] for mode in modes}
     batched.run([Request(warm[0]["schema"], warm[0]["text"], RequestOptions(strategy="none", max_tokens=16))])
+    answers: list[list[int]] = []
+    if "batched replay" in modes:  # the answers it drafts, from an untimed `none` batch
+        answers = [list(r.tokens) for r in batched.run([Request(r["schema"], r["text"], p.options)
+                                                        for r, p in zip(rows, none)])]
+        engines["batched replay"] = (batched, replay_runner(answers, args.max_tokens))
+    engines = {mode: engines[mode] for mode in modes}
     path, _ = model_dir(settings.model, settings.cache_dir)
     prompts = [build_prompt(loaded.tokenizer, r["schema"], r["text"], loaded.context_len) for r in rows]
     job = {"model": path, "schemas": [r["schema"] for r in rows], "max_tokens": args.max_tokens, "prompts": prompts,
@@ -328,6 +382,14 @@ def main(argv: list[str] | None = None) -> int:
         (s1, tok, *_), (s2, _, values, outputs) = before[mode], after[mode]
         report["systems"][f"structspec {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
                                                    "outputs": outputs}
+    if "batched replay" in modes_run:
+        replayed = report["systems"]["structspec batched replay"]
+        replayed["same_as_none"] = sum(o["token_ids"] == a for o, a in zip(replayed["outputs"], answers))
+        for o in replayed["outputs"]:
+            o["arm"] = f"replay:{REPLAY_K}"
+    for mode in modes_run:
+        for o in report["systems"][f"structspec {mode}"]["outputs"]:
+            o.pop("token_ids", None)
     for mode in server_before:
         (s1, tok, *_, p1), (s2, _, values, outputs, p2) = server_before[mode], server_after[mode]
         report["systems"][f"structspec server {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
@@ -348,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         print(outside_line(mode, report["systems"][f"structspec server {mode}"]["outside_engine"]))
     if bound_line:
         print(bound_line)
+    if ceiling := replay_line(report):
+        print(ceiling)
     return 0
 
 

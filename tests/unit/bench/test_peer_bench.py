@@ -81,3 +81,38 @@ def test_prefill_alone_bounds_what_batching_can_gain_over_one_at_a_time():
     assert report["bound"]["batched_over_one_at_most"] == 3.0
     assert "at most 3.00x one at a time" in line and "batched auto is 2.00x one at a time" in line
     assert peer.batching_bound({"bound": {}, "systems": report["systems"]}) is None
+
+
+def test_replay_drafts_the_answer_after_the_output_and_nothing_once_the_output_left_it():
+    from types import SimpleNamespace
+
+    replay = peer.Replay([5, 6, 7, 8, 9])
+    assert replay.propose(SimpleNamespace(output_tokens=[]), 3) == [5, 6, 7]
+    assert replay.propose(SimpleNamespace(output_tokens=[5, 6]), 16) == [7, 8, 9]
+    assert replay.propose(SimpleNamespace(output_tokens=[5, 6, 7, 8, 9]), 4) == []
+    assert replay.propose(SimpleNamespace(output_tokens=[5, 4]), 4) == []  # a near-tie went the other way
+
+
+def test_the_replay_runner_gives_each_document_its_own_answer_with_the_ceiling_s_draft_length():
+    seen = []
+
+    class Engine:
+        def run(self, requests):
+            seen.extend(requests)
+            return []
+
+    rows = [{"schema": {"type": "object"}, "text": "a"}, {"schema": {"type": "object"}, "text": "b"}]
+    peer.replay_runner([[1, 2], [3]], max_tokens=64)(Engine(), rows)
+    assert [r.proposer.tokens for r in seen] == [[1, 2], [3]]
+    assert all(r.options.draft_len == peer.REPLAY_K and r.options.max_tokens == 64 for r in seen)
+
+
+def test_the_ceiling_line_sets_replay_and_auto_against_none():
+    report = {"documents": 4, "systems": {"structspec batched none": system(100.0),
+                                          "structspec batched replay": {**system(140.0), "same_as_none": 4},
+                                          "structspec batched auto": system(110.0)}}
+    line = peer.replay_line(report)
+    assert "140.0 documents/min = 1.40x batched none" in line
+    assert "equal none's in 4/4" in line and "batched auto is 1.10x none" in line
+    del report["systems"]["structspec batched none"]
+    assert peer.replay_line(report) is None
