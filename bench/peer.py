@@ -89,17 +89,25 @@ class Replay:
 
     def propose(self, ctx, k: int) -> list[int]:
         n = len(ctx.output_tokens)
-        if list(ctx.output_tokens) != self.tokens[:n]:
+        if ctx.output_tokens != self.tokens[:n]:
             return []
         return self.tokens[n:n + k]
 
 
-def replay_runner(answers: list[list[int]], max_tokens: int) -> Callable[[Engine, list[dict]], list]:
-    """The `batched replay` mode: every row as one batch, each drafting its own `none` answer."""
-    def run(engine: Engine, rows: list[dict]) -> list:
-        options = RequestOptions(strategy="none", draft_len=REPLAY_K, max_tokens=max_tokens)
-        return engine.run([Request(r["schema"], r["text"], options, proposer=Replay(a)) for r, a in zip(rows, answers)])
-    return run
+class ReplayRun:
+    """The `batched replay` mode (a run_structspec runner): every row as one batch, each drafting
+    its own `none` answer; `same` is how many outputs of its latest run equal their answer."""
+
+    def __init__(self, answers: list[list[int]], max_tokens: int):
+        self.answers, self.max_tokens = answers, max_tokens
+        self.same = 0
+
+    def __call__(self, engine: Engine, rows: list[dict]) -> list:
+        options = RequestOptions(strategy="none", draft_len=REPLAY_K, max_tokens=self.max_tokens)
+        results = engine.run([Request(r["schema"], r["text"], options, proposer=Replay(a))
+                              for r, a in zip(rows, self.answers)])
+        self.same = sum(list(r.tokens) == a for r, a in zip(results, self.answers))
+        return results
 
 
 def replay_line(report: dict) -> str | None:
@@ -169,8 +177,7 @@ def run_structspec(engines: dict[str, tuple[Engine, list[Plan] | Callable[[Engin
         out[mode] = (s, sum(r.stats.output_tokens for r in results),
                      [r.value if r.status == "succeeded" else None for r in results],
                      [{"text": r.text, "tokens": r.stats.output_tokens, "status": r.status,
-                       "arm": arm_name(r.stats.strategy, r.stats.draft_len),
-                       "token_ids": list(getattr(r, "tokens", None) or [])} for r in results])
+                       "arm": arm_name(r.stats.strategy, r.stats.draft_len)} for r in results])
         print(f"structspec {mode}: {s:.1f} s", file=sys.stderr, flush=True)
     return out
 
@@ -339,11 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     live = functools.partial(picker.run_live, max_tokens=args.max_tokens)
     engines = {"batched auto": (batched, auto), "batched none": (batched, none), "one auto": (one, live)}
     batched.run([Request(warm[0]["schema"], warm[0]["text"], RequestOptions(strategy="none", max_tokens=16))])
-    answers: list[list[int]] = []
+    replay = None
     if "batched replay" in modes:  # the answers it drafts, from an untimed `none` batch
         answers = [list(r.tokens) for r in batched.run([Request(r["schema"], r["text"], p.options)
                                                         for r, p in zip(rows, none)])]
-        engines["batched replay"] = (batched, replay_runner(answers, args.max_tokens))
+        replay = ReplayRun(answers, args.max_tokens)
+        engines["batched replay"] = (batched, replay)
     engines = {mode: engines[mode] for mode in modes}
     path, _ = model_dir(settings.model, settings.cache_dir)
     prompts = [build_prompt(loaded.tokenizer, r["schema"], r["text"], loaded.context_len) for r in rows]
@@ -382,14 +390,11 @@ def main(argv: list[str] | None = None) -> int:
         (s1, tok, *_), (s2, _, values, outputs) = before[mode], after[mode]
         report["systems"][f"structspec {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),
                                                    "outputs": outputs}
-    if "batched replay" in modes_run:
+    if replay is not None:  # its second run's outputs against the answers
         replayed = report["systems"]["structspec batched replay"]
-        replayed["same_as_none"] = sum(o["token_ids"] == a for o, a in zip(replayed["outputs"], answers))
+        replayed["same_as_none"] = replay.same
         for o in replayed["outputs"]:
             o["arm"] = f"replay:{REPLAY_K}"
-    for mode in modes_run:
-        for o in report["systems"][f"structspec {mode}"]["outputs"]:
-            o.pop("token_ids", None)
     for mode in server_before:
         (s1, tok, *_, p1), (s2, _, values, outputs, p2) = server_before[mode], server_after[mode]
         report["systems"][f"structspec server {mode}"] = {**summary([s1, s2], tok, n, grade(values, rows)),

@@ -93,18 +93,22 @@ def test_replay_drafts_the_answer_after_the_output_and_nothing_once_the_output_l
     assert replay.propose(SimpleNamespace(output_tokens=[5, 4]), 4) == []  # a near-tie went the other way
 
 
-def test_the_replay_runner_gives_each_document_its_own_answer_with_the_ceiling_s_draft_length():
+def test_the_replay_run_gives_each_document_its_own_answer_and_counts_the_outputs_that_equal_it():
+    from types import SimpleNamespace
+
     seen = []
 
     class Engine:
         def run(self, requests):
             seen.extend(requests)
-            return []
+            return [SimpleNamespace(tokens=[1, 2]), SimpleNamespace(tokens=[4])]  # the second left its answer
 
     rows = [{"schema": {"type": "object"}, "text": "a"}, {"schema": {"type": "object"}, "text": "b"}]
-    peer.replay_runner([[1, 2], [3]], max_tokens=64)(Engine(), rows)
+    replay = peer.ReplayRun([[1, 2], [3]], max_tokens=64)
+    replay(Engine(), rows)
     assert [r.proposer.tokens for r in seen] == [[1, 2], [3]]
     assert all(r.options.draft_len == peer.REPLAY_K and r.options.max_tokens == 64 for r in seen)
+    assert replay.same == 1
 
 
 def test_the_ceiling_line_sets_replay_and_auto_against_none():
