@@ -46,8 +46,13 @@ class PassCostCurve:
     no monotonic shape is imposed. Past the last measured bucket it grows by the curve's own
     slope (`beyond_slope`), not the prior's: the prior's fixed 10 ms a row is far above what a
     row adds to a large batch's pass on a CPU or a GPU, and priced every draft past the
-    measured rows out, so a batch drafted far less than it paid to (docs/benchmarks.md). The
-    prior serves a sequence count with nothing measured. Only decode passes are recorded: prefill chunks
+    measured rows out, so a batch drafted far less than it paid to (docs/benchmarks.md). A
+    sequence count measured at one row count only (a batch that drafted nothing, e.g. after
+    `none` jobs) has no slope of its own: it grows by the median slope of the counts measured at
+    two or more (`pooled_slope`). Its own average per row would price the pass as if it had no
+    fixed part, so drafts looked several times dearer than they are and the next batch took
+    many more passes (docs/benchmarks.md). The prior serves a sequence count with nothing
+    measured. Only decode passes are recorded: prefill chunks
     cost differently per row.
 
     A bucket is corrected only when the engine runs a pass of that size, so a plan that an
@@ -77,7 +82,7 @@ class PassCostCurve:
             return lambda rows: self.prior_fixed_s + self.prior_row_s * rows
         xs = [x for x, _ in curve]
         ys = [y for _, y in curve]
-        slope = beyond_slope(xs, ys)
+        slope = beyond_slope(xs, ys, self.pooled_slope() if len(xs) < 2 else None)
 
         def cost(rows: float) -> float:
             if rows <= xs[0]:
@@ -97,6 +102,16 @@ class PassCostCurve:
         near = min(counts, key=lambda b: (abs(math.log(b / seqs)), b))
         return [(rows, self._points[(near, rows)]) for rows in sorted(r for b, r in self._points if b == near)]
 
+    def pooled_slope(self) -> float | None:
+        """Seconds a row adds past the measured rows, as the sequence counts measured at two or
+        more row counts say (the median of their beyond_slope); None where none is."""
+        by_seqs: dict[int, list[tuple[int, float]]] = {}
+        for (b, r), v in self._points.items():
+            by_seqs.setdefault(b, []).append((r, v))
+        slopes = sorted(beyond_slope([r for r, _ in pts], [v for _, v in pts])
+                        for pts in (sorted(p) for p in by_seqs.values()) if len(pts) >= 2)
+        return slopes[len(slopes) // 2] if slopes else None
+
     def snapshot(self, seqs: int | None = None) -> dict:
         """The raw measurements: {sequences bucket: {rows bucket: seconds}}, or with `seqs`
         {rows bucket: seconds} of the measured sequence count nearest it."""
@@ -110,14 +125,15 @@ class PassCostCurve:
         return nested[min(nested, key=lambda b: (abs(math.log(b / seqs)), b))]
 
 
-def beyond_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+def beyond_slope(xs: Sequence[float], ys: Sequence[float], pooled: float | None = None) -> float:
     """Seconds a row past a measured curve's last point (xs rows, ys seconds, by rows): the
     secant from its first point to its last, kept between a quarter and all of the last point's
     seconds per row (a pass is a fixed part plus its rows, so a row adds at most the average;
-    the floor keeps two noisy points from making rows free). One point: its average."""
+    the floor keeps two noisy points from making rows free). One point: `pooled` (what other
+    curves measured), within the same bounds, else its average."""
     avg = ys[-1] / xs[-1]
     if len(xs) < 2:
-        return avg
+        return avg if pooled is None else min(max(pooled, 0.25 * avg), avg)
     secant = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
     return min(max(secant, 0.25 * avg), avg)
 

@@ -89,6 +89,34 @@ def test_past_the_measured_rows_a_pass_grows_by_the_curves_own_slope_not_the_pri
     assert one(16) == pytest.approx(0.08 + 8 * 0.01)
 
 
+def test_a_sequence_count_measured_at_one_row_count_grows_by_the_other_counts_slope():
+    """After a batch of 32 that drafted nothing, its one point (32 rows, 44 ms) must not price a
+    row at its average (1.4 ms: no fixed part) when other counts measured ~0.4 ms a row: the
+    next batch's drafts would be trimmed to a fraction of what pays."""
+    curve = PassCostCurve()
+    for rows, ms in ((1, 15.0), (8, 17.8), (16, 21.0)):  # one at a time: 0.4 ms a row
+        curve.observe(rows, ms / 1000, seqs=1)
+    for rows, ms in ((4, 17.9), (32, 29.1)):  # two sequences: 0.4 ms a row
+        curve.observe(rows, ms / 1000, seqs=2)
+    curve.observe(5, 30.0 / 1000, seqs=4)  # a third count, measured once: no slope of its own
+    curve.observe(32, 44.0 / 1000, seqs=32)
+    assert curve.pooled_slope() == pytest.approx(0.0004)
+    assert curve(96, seqs=32) == pytest.approx(0.044 + 64 * 0.0004)
+    # with that price, 32 sequences' drafts at acceptance 0.8 are kept whole (the average per
+    # row kept none of them)
+    assert choose_draft_lens([3] * 32, [[0.8] * 3] * 32, 32, curve, base_tokens=32) == [3] * 32
+    alone = PassCostCurve()
+    alone.observe(32, 0.044, seqs=32)
+    assert alone.pooled_slope() is None and alone(96, seqs=32) == pytest.approx(0.044 + 64 * 0.044 / 32)
+    assert choose_draft_lens([3] * 32, [[0.8] * 3] * 32, 32, alone, base_tokens=32) == [0] * 32
+    # the pooled slope stays within a quarter and all of the point's own average per row
+    steep = PassCostCurve()
+    steep.observe(1, 0.001, seqs=1)
+    steep.observe(8, 0.100, seqs=1)  # 14 ms a row
+    steep.observe(32, 0.044, seqs=32)
+    assert steep(64, seqs=32) == pytest.approx(0.044 + 32 * 0.044 / 32)
+
+
 def test_new_observations_move_a_bucket_by_the_moving_average():
     curve = PassCostCurve(alpha=0.5)
     curve.observe(1, 0.1)
