@@ -105,11 +105,8 @@ class PassCostCurve:
     def pooled_slope(self) -> float | None:
         """Seconds a row adds past the measured rows, as the sequence counts measured at two or
         more row counts say (the median of their beyond_slope); None where none is."""
-        by_seqs: dict[int, list[tuple[int, float]]] = {}
-        for (b, r), v in self._points.items():
-            by_seqs.setdefault(b, []).append((r, v))
-        slopes = sorted(beyond_slope([r for r, _ in pts], [v for _, v in pts])
-                        for pts in (sorted(p) for p in by_seqs.values()) if len(pts) >= 2)
+        slopes = sorted(beyond_slope(list(rows), list(rows.values()))
+                        for rows in self.snapshot().values() if len(rows) >= 2)
         return slopes[len(slopes) // 2] if slopes else None
 
     def snapshot(self, seqs: int | None = None) -> dict:
@@ -133,9 +130,12 @@ def beyond_slope(xs: Sequence[float], ys: Sequence[float], pooled: float | None 
     curves measured), within the same bounds, else its average."""
     avg = ys[-1] / xs[-1]
     if len(xs) < 2:
-        return avg if pooled is None else min(max(pooled, 0.25 * avg), avg)
-    secant = (ys[-1] - ys[0]) / (xs[-1] - xs[0])
-    return min(max(secant, 0.25 * avg), avg)
+        if pooled is None:
+            return avg
+        slope = pooled
+    else:
+        slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0])  # the secant
+    return min(max(slope, 0.25 * avg), avg)
 
 
 def expected_tokens(acceptance: Sequence[float], k: int) -> float:
