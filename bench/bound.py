@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from structspec.engine.model import cpu_has_bf16_matmul
+from structspec.engine.model import cpu_has_bf16_matmul, resolve_dtype
 
 PREFILL_SHAPE = (512, 576, 1536)  # (m, k, n)
 DECODE_SHAPE = (16, 576, 1536)
@@ -354,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("bench-out/bound.json"))
     args = p.parse_args(argv)
     dtypes = tuple(args.dtypes.split(","))
-    if dtypes == ("auto",):
-        dtypes = ("bfloat16",) if cpu_has_bf16_matmul() else ("float32",)
+    if dtypes == ("auto",):  # what the engine's dtype `auto` loads on this machine's CPU
+        dtypes = (str(resolve_dtype("auto", torch.device("cpu"))).removeprefix("torch."),)
     elif unknown := [d for d in dtypes if d not in ("float32", "bfloat16")]:
         p.error(f"unknown --dtypes {', '.join(unknown)}; choose among float32, bfloat16, or 'auto' alone")
     report = measure(dtypes, args.threads, args.profile)
