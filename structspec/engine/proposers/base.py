@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -82,6 +83,22 @@ class DocumentIndex:
                     break
         return out
 
+    def after_value(self, value: str, before: str, n_chars: int) -> str:
+        """Up to `n_chars` of the document after `value` (its first occurrence after the first one
+        of `before`, the value written before it, else its first), past the blanks and line breaks
+        that end it: where the next value usually is in a document of lines and columns, since
+        fields and array items are mostly extracted in the document's order ("" when `value` is
+        shorter than MIN_VALUE, absent, or followed by something else: "2023, directed by")."""
+        if len(value) < MIN_VALUE:
+            return ""
+        i = self.text.find(value, self.end_of(before))
+        if i < 0:
+            i = self.text.find(value)
+            if i < 0:
+                return ""
+        start = BLANKS.match(self.text, i + len(value)).end()
+        return self.text[start:start + n_chars] if start > i + len(value) else ""
+
     def end_of(self, value: str) -> int:
         """Where the first occurrence of `value` ends in the document (0 if absent)."""
         i = self.text.find(value) if value else -1
@@ -89,6 +106,8 @@ class DocumentIndex:
 
 
 MAX_OCCURRENCES = 256  # of one value in one document; a 4.5k-char document rarely has 20
+MIN_VALUE = 2  # after_value: a one-character value occurs everywhere
+BLANKS = re.compile(r"(?:[ \t]|\\[nrt])*")  # in the JSON-escaped document
 
 
 @dataclass
@@ -100,7 +119,8 @@ class StringState:
 
 
 STRING_HOLE, NUMBER_HOLE = "\x01", "\x02"  # a string value's content, a number, in a layout
-LAYOUT_KEPT = 64  # characters of the layout a JsonScan keeps (the suffix proposer matches 32)
+LAYOUT_KEPT = 1024  # characters of the layout a JsonScan keeps: an output's own earlier layout is matched
+# (composite.py), the suffix proposer matches the last 32
 NUMBER_CHARS = frozenset("0123456789.-+eE")
 
 
@@ -112,7 +132,7 @@ class JsonScan:
     scans a sequence's output once and only its draft after that."""
 
     __slots__ = ("stack", "expect_key", "in_string", "escaped", "is_value", "in_number", "value", "previous",
-                 "layout", "layout_len", "keep")
+                 "number", "last", "before_last", "at_value", "layout", "layout_len", "keep")
 
     def __init__(self, keep: int = LAYOUT_KEPT) -> None:
         self.keep = keep  # characters of the layout kept
@@ -121,6 +141,9 @@ class JsonScan:
         self.in_string = self.escaped = self.is_value = self.in_number = False
         self.value: list[str] = []  # the content so far of the string value being scanned
         self.previous = ""  # the last complete string value
+        self.number: list[str] = []  # the characters so far of the number being scanned
+        self.last = self.before_last = ""  # the last two complete values (a string's content, a number)
+        self.at_value = False  # a value comes next (after ":", "[" or an array's ",", and whitespace)
         self.layout = ""  # its last `keep` characters
         self.layout_len = 0
 
@@ -128,7 +151,7 @@ class JsonScan:
         other = JsonScan.__new__(JsonScan)
         for name in JsonScan.__slots__:
             setattr(other, name, getattr(self, name))
-        other.stack, other.value = list(self.stack), list(self.value)
+        other.stack, other.value, other.number = list(self.stack), list(self.value), list(self.number)
         return other
 
     @property
@@ -149,6 +172,7 @@ class JsonScan:
                     out.append(ch)
                     if self.is_value and self.value:
                         self.previous = "".join(self.value)
+                        self.before_last, self.last = self.last, self.previous
                     continue
                 if self.is_value:
                     self.value.append(ch)
@@ -157,8 +181,12 @@ class JsonScan:
                 continue
             if self.in_number:
                 if ch in NUMBER_CHARS:
+                    self.number.append(ch)
                     continue
                 self.in_number = False
+                self.before_last, self.last = self.last, "".join(self.number)
+            if ch not in " \t\n\r":
+                self.at_value = ch in ":[" or ch == "," and bool(self.stack) and self.stack[-1] == "["
             if ch == '"':
                 self.in_string = True
                 self.is_value = not (self.stack and self.stack[-1] == "{" and self.expect_key)
@@ -169,6 +197,7 @@ class JsonScan:
                 continue
             if ch == "-" or ch.isdigit() and ch.isascii():
                 self.in_number = True
+                self.number = [ch]
                 out.append(NUMBER_HOLE)
                 continue
             if ch in "{[":

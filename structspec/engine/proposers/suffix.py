@@ -208,19 +208,19 @@ class History:
         return Continuation([ord(c) - 1 for c in found.items], found.matched, found.votes, found.agreeing,
                             found.share)
 
-    def layout_after(self, tail: str, start: bool, n_chars: int) -> tuple[str, str | None, float]:
+    def layout_after(self, tail: str, start: bool, n_chars: int) -> tuple[str, str | None, float, int]:
         """(the text most earlier outputs continue a layout `tail` (JsonScan.layout; `start`:
         it is the output's whole layout) with, up to where a value's content begins (a string's
         opening quote included) or `n_chars`; the value that begins there: STRING_HOLE,
         NUMBER_HOLE or None; how sure that text is: Found.share, of the whole continuation, so at
-        most what it is of the text)."""
+        most what it is of the text; how many characters of `tail` the earlier outputs matched)."""
         found = self.layout.follow(tail, n_chars, start=start)
         if found is None:
-            return "", None, 0.0
+            return "", None, 0.0, 0
         holes = [i for i in (found.items.find(STRING_HOLE), found.items.find(NUMBER_HOLE)) if i >= 0]
         if not holes:
-            return found.items, None, found.share
-        return found.items[:min(holes)], found.items[min(holes)], found.share
+            return found.items, None, found.share, found.matched
+        return found.items[:min(holes)], found.items[min(holes)], found.share, found.matched
 
 
 class SuffixStore:

@@ -61,7 +61,9 @@ def test_composite_chains_copied_value_and_forced_structure(ctx_for):
               "required": ["year", "name"]}
     ctx = ctx_for('{"year":202', "It was released in 2023, directed by Elena.", schema)
     # "3," is copied from the document (the grammar cuts the copy at " directed"),
-    # then the next key is forced: both in one draft.
+    # then the next key is forced: both in one draft (and nothing after it: in the document
+    # "2023" is followed by ", directed", not by a line's or a column's end, so the next value
+    # is not guessed from there)
     assert draft_text(ctx, "composite") == '3,"name":"'
     assert draft_text(ctx, "ngram") == "3,"
 
@@ -196,3 +198,66 @@ def test_composite_notes_how_sure_each_stretch_of_its_draft_is(ctx_for):
     ctx = ctx_for('{"name":"Bob"')
     draft = make_proposer("composite").propose(ctx, 16)
     assert ctx.tokens.text_of(draft) == ',"kind":"' and ctx.confidence == [None] * len(draft)
+
+
+# --- composite: the output's own layout, the document's next value, stretches tokenized together
+
+
+ITEMS = {"type": "object", "properties": {"items": {"type": "array", "items": {
+    "type": "object", "properties": {"name": {"type": "string"}, "price": {"type": "number"}},
+    "required": ["name", "price"]}}}, "required": ["items"]}
+TILL = "Flat white          3.40\nAlmond croissant    2.95\nOrange juice        2.50\n"
+TWO_ITEMS = ('{\n  "items": [\n    {\n      "name": "Flat white",\n      "price": 3.40\n    },\n    {\n      '
+             '"name": "Almond croissant",\n      "price": 2.95\n    },')
+
+
+def test_after_value_is_the_documents_next_field_past_blanks_and_line_breaks():
+    index = DocumentIndex(TILL)
+    assert index.after_value("Flat white", "", 4) == "3.40"
+    assert index.after_value("3.40", "Flat white", 16) == "Almond croissant"
+    # a value met twice: its occurrence after the value written before it
+    index = DocumentIndex("Tea  2.50\nCake  2.50\nJam  1.10")
+    assert index.after_value("2.50", "Cake", 3) == "Jam"
+    assert index.after_value("2.50", "", 4) == "Cake"
+    assert index.after_value("2023", "", 8) == ""  # absent
+    assert DocumentIndex("in 2023, directed by").after_value("2023", "", 8) == ""  # mid-sentence
+    assert index.after_value("J", "", 8) == ""  # too short to place
+
+
+def test_composite_drafts_the_next_item_from_the_document_in_the_layout_of_the_last(ctx_for):
+    # with no earlier outputs: the layout of the item before (its keys, its indentation) and the
+    # document's next line, the item after the last one written
+    ctx = ctx_for(TWO_ITEMS, TILL, ITEMS, whitespace="flexible")
+    text = draft_text(ctx, "composite", k=32)
+    assert text.startswith('\n    {\n      "name": "Orange juice",\n      "price": 2.50')
+    # inside it: the price that follows the name in the document, after the blank this output
+    # puts after a colon
+    ctx = ctx_for(TWO_ITEMS + '\n    {\n      "name": "Orange juice",\n      "price":', TILL, ITEMS,
+                  whitespace="flexible")
+    assert draft_text(ctx, "composite", k=12).startswith(" 2.50\n    },")  # and the item's end
+
+
+def test_composite_drafts_a_keys_quote_and_colon_as_the_model_writes_them(ctx_for):
+    # the grammar forces the key and its quote; the layout of the key before puts ": " after it;
+    # tokenized one stretch at a time that is '"' then ': "', which no model writes
+    ctx = ctx_for('{\n  "name": "Bob",\n  "ki', whitespace="flexible")
+    draft = make_proposer("composite").propose(ctx, 8)
+    assert ctx.tokens.text_of(draft).startswith('nd": "')
+    assert draft == ctx.tokens.encode('nd": "')[:len(draft)]
+    assert len(ctx.confidence) == len(draft)
+
+
+def test_composite_prefers_this_outputs_layout_to_earlier_outputs_where_it_matches_as_much(ctx_for):
+    from structspec.engine.proposers.suffix import History
+
+    history = History(10_000)
+    for name in ("Ann", "Cy", "Di"):  # earlier outputs indented items by two
+        text = f'{{\n  "items": [\n  {{\n  "name": "{name}",\n  "price": 1\n  }},\n  {{\n  "name": "X",\n  "price": 2\n  }}\n  ]\n}}'
+        history.learn(make_tokens(ctx_for, text), text)
+    ctx = ctx_for(TWO_ITEMS + '\n    {\n      "name": "Tea"', "no lines here", ITEMS, whitespace="flexible")
+    ctx.history = history
+    assert draft_text(ctx, "composite", k=16).startswith(',\n      "price": ')  # this output's six blanks
+
+
+def make_tokens(ctx_for, text: str) -> list[int]:
+    return ctx_for("").tokens.encode(text)
