@@ -99,6 +99,13 @@ class DocumentIndex:
         start = BLANKS.match(self.text, i + len(value)).end()
         return self.text[start:start + n_chars] if start > i + len(value) else ""
 
+    def number_after(self, number: str) -> str:
+        """The first number in the document after the first occurrence of `number` ("" if none):
+        a column of prices is extracted in its order whatever is written beside each."""
+        i = self.text.find(number) if number else -1
+        found = NUMBER_IN_TEXT.search(self.text, i + len(number)) if i >= 0 else None
+        return found.group() if found else ""
+
     def end_of(self, value: str) -> int:
         """Where the first occurrence of `value` ends in the document (0 if absent)."""
         i = self.text.find(value) if value else -1
@@ -108,6 +115,8 @@ class DocumentIndex:
 MAX_OCCURRENCES = 256  # of one value in one document; a 4.5k-char document rarely has 20
 MIN_VALUE = 2  # after_value: a one-character value occurs everywhere
 BLANKS = re.compile(r"(?:[ \t]|\\[nrt])*")  # in the JSON-escaped document
+# a number standing alone in the JSON-escaped document (not part of a word: "P120", "SPF50")
+NUMBER_IN_TEXT = re.compile(r"(?:(?<=\\[nrt])|(?<![\w.]))-?[0-9]+(?:\.[0-9]+)?")
 
 
 @dataclass
@@ -132,7 +141,7 @@ class JsonScan:
     scans a sequence's output once and only its draft after that."""
 
     __slots__ = ("stack", "expect_key", "in_string", "escaped", "is_value", "in_number", "value", "previous",
-                 "number", "last", "before_last", "at_value", "layout", "layout_len", "keep")
+                 "number", "last", "before_last", "last_number", "at_value", "layout", "layout_len", "keep")
 
     def __init__(self, keep: int = LAYOUT_KEPT) -> None:
         self.keep = keep  # characters of the layout kept
@@ -143,6 +152,7 @@ class JsonScan:
         self.previous = ""  # the last complete string value
         self.number: list[str] = []  # the characters so far of the number being scanned
         self.last = self.before_last = ""  # the last two complete values (a string's content, a number)
+        self.last_number = ""  # the last complete number
         self.at_value = False  # a value comes next (after ":", "[" or an array's ",", and whitespace)
         self.layout = ""  # its last `keep` characters
         self.layout_len = 0
@@ -185,6 +195,7 @@ class JsonScan:
                     continue
                 self.in_number = False
                 self.before_last, self.last = self.last, "".join(self.number)
+                self.last_number = self.last
             if ch not in " \t\n\r":
                 self.at_value = ch in ":[" or ch == "," and bool(self.stack) and self.stack[-1] == "["
             if ch == '"':

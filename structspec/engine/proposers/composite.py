@@ -2,13 +2,15 @@
 
 Each round drafts what the grammar forces, then:
 - between values: the layout that follows this one (keys, whitespace, punctuation, up to where
-  the next value's content begins) as the schema's earlier outputs continue it (suffix.py), else
-  as this output continued it before (array items repeat their layout); else the earlier
-  outputs' token continuation where most of them agree on it; else, where a value comes next,
-  the document's next value; else a copy (ngram.py);
-- at a string value's start: the value the document holds next after the output's last one
+  the next value's content begins) as this output continued it before (array items repeat their
+  layout) or as the schema's earlier outputs continue it (suffix.py), whichever matched more;
+  else the earlier outputs' token continuation where most of them agree on it; else, where a
+  value comes next, the document's next value; else a copy (ngram.py);
+- at a string value's start: what most earlier outputs wrote there (a date's century, an
+  enum), else the value the document holds next after the output's last one
   (DocumentIndex.after_value: array items, and fields, are mostly extracted in the document's
-  order, so the next item's name follows the last item's price);
+  order, so the next item's name follows the last item's price); where a number comes and the
+  document holds none there, its next number after the output's last one (a column of prices);
 - inside a value: the document's text after the longest match of the tail (the value being
   copied).
 A value drafted from the document that reaches its likely end (a line break, a run of spaces)
@@ -17,9 +19,10 @@ and the structure up to the next one. Stretches are tokenized one by one, and wh
 token of one and the next stretch tokenize differently together (a key's `"` and its `:` as
 `":`), they are drafted as the model would write them.
 
-Earlier outputs' *values* are not drafted here (`suffix` alone drafts them): measured on
-receipts, such drafts inside values were accepted 7% of the time, and in a batch every refused
-draft token is a row of the forward pass (docs/benchmarks.md).
+Earlier outputs' *values* are not drafted here beyond a value's start (`suffix` drafts them):
+measured on receipts, such drafts inside values were accepted 7% of the time, and in a batch every
+refused draft token is a row of the forward pass (docs/benchmarks.md); with agreement required,
+inside values they still cost more rows than they saved passes (`python -m bench.drafts --memory`).
 """
 
 from __future__ import annotations
@@ -84,8 +87,12 @@ class CompositeProposer:
             if not step and scan.at_value:  # after the blanks the layout puts before a value
                 step, share = next_value_step(ctx, scan, budget, text[:len(text) - len(text.lstrip())]), None
             return (step, share) if step else (lookup_step(ctx, tail, budget), None)
-        if in_string and not scan.value and (step := next_value_step(ctx, scan, budget)):
-            return step, None
+        if in_string and not scan.value:  # a value's start: what most earlier outputs wrote there, else the document's next value
+            learned = suffix_continuation(ctx, draft, budget)
+            if learned is not None and agreed(learned):
+                return consume_valid_prefix(ctx.matcher, learned.tokens), learned.share
+            if step := next_value_step(ctx, scan, budget):
+                return step, None
         copied = ctx.document.lookup(tail, n_chars)[1]
         if not copied:  # a verbatim value is looked up whole (ngram.py)
             return (lookup_step(ctx, tail, budget) if ctx.verbatim else []), None
@@ -130,18 +137,26 @@ def next_value_step(ctx: DraftContext, scan: JsonScan, budget: int, gap: str = "
     """Consume (into ctx.matcher) the grammar-valid prefix of the value the document holds next
     after the output's last one (DocumentIndex.after_value), at the start of a value (`scan` at
     a string value's opening quote, or where a value comes next: after `gap`), closed and
-    followed by its likely layout; [] where the last value is not in the document."""
+    followed by its likely layout; where that is no value the grammar takes and a number may
+    come, the document's next number after the output's last one; [] where neither is found."""
     n_chars = budget * CHARS_PER_TOKEN
     after = ctx.document.after_value(scan.last, scan.before_last, n_chars)
-    if not after:
-        return []
-    if not scan.in_string:
-        number = NUMBER.match(after)
-        if number:  # its end is the layout's first character: the layout is not drafted
-            return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(gap + number.group())[:budget])
-        text = gap + '"' + closed(ctx, scan.copy().feed(gap + '"'), after, n_chars)
-        return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(text)[:budget])
-    return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(closed(ctx, scan, after, n_chars))[:budget])
+    if scan.in_string:
+        return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(closed(ctx, scan, after, n_chars))[:budget]) \
+            if after else []
+    candidates = []
+    if after:
+        number = NUMBER.match(after)  # its end is the layout's first character: the layout is not drafted
+        candidates.append(gap + (number.group() if number else '"' + closed(ctx, scan.copy().feed(gap + '"'),
+                                                                             after, n_chars)))
+    if scan.last_number:
+        candidates.append(gap + ctx.document.number_after(scan.last_number))
+    least = len(ctx.tokens.encode(gap)) if gap else 0
+    for text in candidates:
+        tokens = ctx.tokens.encode(text)[:budget]
+        if ctx.matcher.validate(tokens) > least:
+            return consume_valid_prefix(ctx.matcher, tokens)
+    return []
 
 
 def joined(ctx: DraftContext, draft: list[int], stretch: list[int], share: float | None) -> list[int]:

@@ -25,7 +25,8 @@ def ctx_for(tokenizer):
         matcher = caches[whitespace].get(schema).matcher()
         ids = tt.encode(prefix)
         assert matcher.consume(ids), prefix
-        return DraftContext(matcher=matcher, output_text=prefix, document=DocumentIndex(document), tokens=tt)
+        return DraftContext(matcher=matcher, output_text=prefix, document=DocumentIndex(document), tokens=tt,
+                            output_tokens=ids)
     return build
 
 
@@ -191,9 +192,11 @@ def test_composite_notes_how_sure_each_stretch_of_its_draft_is(ctx_for):
     # its share of the voters on its first token ((3 + 1) / (3 + 2)), then 1.0: the product over
     # any prefix of the stretch is its share
     assert ctx.confidence[:len(stretch)] == [4 / 5] + [1.0] * (len(stretch) - 1)
-    # then the grammar forces the rest of the enum value once the model picks it; nothing is
-    # forced or copied before that, so the draft ends with the stretch
-    assert len(draft) == len(stretch)
+    # then, at the value's start, the value two of the three wrote, with its share ((2 + 1) / (3 + 2)),
+    # and what they all wrote after it
+    rest = ctx.tokens.encode('beta"\n}')
+    assert draft[len(stretch):] == rest
+    assert ctx.confidence[len(stretch):] == [3 / 5] + [1.0] * (len(rest) - 1)
     # a forced stretch or a copy says nothing of how sure it is
     ctx = ctx_for('{"name":"Bob"')
     draft = make_proposer("composite").propose(ctx, 16)
@@ -261,3 +264,36 @@ def test_composite_prefers_this_outputs_layout_to_earlier_outputs_where_it_match
 
 def make_tokens(ctx_for, text: str) -> list[int]:
     return ctx_for("").tokens.encode(text)
+
+
+def test_number_after_is_the_documents_next_standalone_number():
+    index = DocumentIndex("Bandages   4.79\nHand cream   7.25\nCough syrup   11.30\nSPF50 cream   P120   5.00")
+    assert index.number_after("4.79") == "7.25"
+    assert index.number_after("7.25") == "11.30"  # after a line break, escaped in the index's text
+    assert index.number_after("11.30") == "5.00"  # not the digits inside "SPF50" or "P120"
+    assert index.number_after("5.00") == "" and index.number_after("9.99") == "" and index.number_after("") == ""
+
+
+def test_composite_drafts_the_next_price_after_a_name_the_document_does_not_hold(ctx_for):
+    # the model wrote a name of its own: nothing follows it in the document, but the prices are
+    # a column, written in its order
+    ctx = ctx_for(TWO_ITEMS + '\n    {\n      "name": "Mystery",\n      "price":', TILL, ITEMS, whitespace="flexible")
+    assert draft_text(ctx, "composite", k=8).startswith(" 2.50")
+
+
+def test_at_a_values_start_what_most_earlier_outputs_wrote_comes_before_the_documents_next_line(ctx_for):
+    from structspec.engine.proposers.suffix import History
+
+    schema = {"type": "object", "properties": {"merchant": {"type": "string"}, "date": {"type": "string"}},
+              "required": ["merchant", "date"]}
+    history = History(10_000)
+    tokens = ctx_for("").tokens
+    for day in ("01", "02", "03"):
+        text = f'{{\n  "merchant": "Shop",\n  "date": "2025-01-{day}"\n}}'
+        history.learn(tokens.encode(text), text)
+    document = "Corner Cafe\n12 High Street\n2025-03-01 10:00"
+    ctx = ctx_for('{\n  "merchant": "Corner Cafe",\n  "date": "', document, schema, whitespace="flexible")
+    assert draft_text(ctx, "composite").startswith("12 High")  # no memory: the document's next line
+    ctx = ctx_for('{\n  "merchant": "Corner Cafe",\n  "date": "', document, schema, whitespace="flexible")
+    ctx.history = history
+    assert draft_text(ctx, "composite").startswith("2025-01-0")  # the three earlier outputs agree on it
