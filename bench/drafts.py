@@ -32,9 +32,11 @@ from dataclasses import dataclass, field
 from bench.peer import rows_of
 from structspec.config import Settings
 from structspec.engine.engine import Engine, Request
-from structspec.engine.proposers import DocumentIndex, DraftContext, make_proposer
+from structspec.engine.proposers import STRATEGIES, DocumentIndex, DraftContext, make_proposer
 from structspec.engine.proposers.suffix import History
 from structspec.options import RequestOptions
+
+DRAFTING = tuple(s for s in STRATEGIES if s != "none")
 
 
 @dataclass
@@ -100,14 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-chars", type=int, default=4500)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--strategies", default="composite:8,composite:16,ngram:16",
-                   help="STRATEGY:K, comma-separated (schema, ngram, suffix, composite)")
+                   help=f"STRATEGY:K, comma-separated ({', '.join(DRAFTING)})")
     p.add_argument("--memory", action="store_true", help="draft from a memory of the earlier outputs, learnt in order")
     p.add_argument("--misses", type=int, default=0, help="print the first N places each strategy's draft missed")
     args = p.parse_args(argv)
     arms = []
     for spec in (s for s in args.strategies.split(",") if s):
         name, _, k = spec.partition(":")
-        if name not in ("schema", "ngram", "suffix", "composite") or not k.isdigit() or int(k) < 1:
+        if name not in DRAFTING or not k.isdigit() or int(k) < 1:
             p.error(f"--strategies: {spec!r} is not STRATEGY:K with a drafting strategy and K >= 1")
         arms.append((name, int(k)))
     settings = Settings.from_env()

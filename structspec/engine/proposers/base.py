@@ -115,8 +115,9 @@ class DocumentIndex:
 MAX_OCCURRENCES = 256  # of one value in one document; a 4.5k-char document rarely has 20
 MIN_VALUE = 2  # after_value: a one-character value occurs everywhere
 BLANKS = re.compile(r"(?:[ \t]|\\[nrt])*")  # in the JSON-escaped document
-# a number standing alone in the JSON-escaped document (not part of a word: "P120", "SPF50")
-NUMBER_IN_TEXT = re.compile(r"(?:(?<=\\[nrt])|(?<![\w.]))-?[0-9]+(?:\.[0-9]+)?")
+NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")  # a number as a document writes one
+# one standing alone in the JSON-escaped document (not part of a word: "P120", "SPF50")
+NUMBER_IN_TEXT = re.compile(r"(?:(?<=\\[nrt])|(?<![\w.]))" + NUMBER.pattern)
 
 
 @dataclass
@@ -131,6 +132,14 @@ STRING_HOLE, NUMBER_HOLE = "\x01", "\x02"  # a string value's content, a number,
 LAYOUT_KEPT = 1024  # characters of the layout a JsonScan keeps: an output's own earlier layout is matched
 # (composite.py), the suffix proposer matches the last 32
 NUMBER_CHARS = frozenset("0123456789.-+eE")
+HOLE = re.compile(f"[{STRING_HOLE}{NUMBER_HOLE}]")
+
+
+def split_at_hole(layout_text: str) -> tuple[str, str | None]:
+    """(a layout's text up to where the next value's content begins, a string's opening quote
+    included; the hole there: STRING_HOLE, NUMBER_HOLE, or None where the text holds none)."""
+    hole = HOLE.search(layout_text)
+    return (layout_text, None) if hole is None else (layout_text[:hole.start()], hole.group())
 
 
 class JsonScan:

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import re
 
-from structspec.engine.proposers.base import (NUMBER_HOLE, STRING_HOLE, DraftContext, JsonScan, consume_valid_prefix,
-                                              longest_suffix_match, note_confidence, scan_of)
+from structspec.engine.proposers.base import (NUMBER, DraftContext, JsonScan, consume_valid_prefix,
+                                              longest_suffix_match, note_confidence, scan_of, split_at_hole)
 from structspec.engine.proposers.ngram import CHARS_PER_TOKEN, lookup_step
 from structspec.engine.proposers.schema import forced_step
 from structspec.engine.proposers.suffix import MAX_MATCH, Continuation, suffix_continuation
@@ -39,8 +39,6 @@ from structspec.engine.proposers.suffix import MAX_MATCH, Continuation, suffix_c
 # a run of spaces (columns); a number ends at its first character that is not part of one
 STRING_END = re.compile(r"\\[nrt]| {2,}")
 NUMBER_END = re.compile(r"[^0-9.eE+-]")
-NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")  # a number where the document holds the next value
-HOLE = re.compile(f"[{STRING_HOLE}{NUMBER_HOLE}]")
 KEY_GAP = re.compile(r'"(\s*:[ \t]*)')  # in a layout (string values are holes): a key's colon and its blanks
 
 
@@ -81,16 +79,14 @@ class CompositeProposer:
             text, share = layout_after(ctx, scan, n_chars)
             step = consume_valid_prefix(ctx.matcher, ctx.tokens.encode(text)[:budget]) if text else []
             if not step:
-                learned = suffix_continuation(ctx, draft, budget)
-                if learned is not None and agreed(learned):
-                    step, share = consume_valid_prefix(ctx.matcher, learned.tokens), learned.share
+                step, share = learned_step(ctx, draft, budget)
             if not step and scan.at_value:  # after the blanks the layout puts before a value
                 step, share = next_value_step(ctx, scan, budget, text[:len(text) - len(text.lstrip())]), None
             return (step, share) if step else (lookup_step(ctx, tail, budget), None)
         if in_string and not scan.value:  # a value's start: what most earlier outputs wrote there, else the document's next value
-            learned = suffix_continuation(ctx, draft, budget)
-            if learned is not None and agreed(learned):
-                return consume_valid_prefix(ctx.matcher, learned.tokens), learned.share
+            step, share = learned_step(ctx, draft, budget)
+            if step:
+                return step, share
             if step := next_value_step(ctx, scan, budget):
                 return step, None
         copied = ctx.document.lookup(tail, n_chars)[1]
@@ -115,9 +111,17 @@ def layout_after(ctx: DraftContext, scan: JsonScan, n_chars: int) -> tuple[str, 
         gaps = KEY_GAP.findall(own[:-1]) if scan.expect_key and own.endswith('"') else []
         return (gaps[-1] if gaps else ""), None
     start = own.rfind(own[-matched:], 0, len(own) - 1) + matched
-    text = own[start:start + n_chars]
-    hole = HOLE.search(text)
-    return (text[:hole.start()] if hole else text), None
+    return split_at_hole(own[start:start + n_chars])[0], None
+
+
+def learned_step(ctx: DraftContext, draft: list[int], budget: int) -> tuple[list[int], float | None]:
+    """Consume (into ctx.matcher) the grammar-valid prefix of the earlier outputs' token
+    continuation of the output and `draft` where most of them agree on it (`agreed`); (it, its
+    share), or ([], None)."""
+    learned = suffix_continuation(ctx, draft, budget)
+    if learned is None or not agreed(learned):
+        return [], None
+    return consume_valid_prefix(ctx.matcher, learned.tokens), learned.share
 
 
 def closed(ctx: DraftContext, scan: JsonScan, text: str, n_chars: int) -> str:
@@ -144,19 +148,18 @@ def next_value_step(ctx: DraftContext, scan: JsonScan, budget: int, gap: str = "
     if scan.in_string:
         return consume_valid_prefix(ctx.matcher, ctx.tokens.encode(closed(ctx, scan, after, n_chars))[:budget]) \
             if after else []
-    candidates = []
+    least = len(ctx.tokens.encode(gap)) if gap else 0
+
+    def taken(text: str) -> list[int]:  # consumed where the grammar takes more than the gap
+        tokens = ctx.tokens.encode(gap + text)[:budget]
+        return consume_valid_prefix(ctx.matcher, tokens) if ctx.matcher.validate(tokens) > least else []
+
     if after:
         number = NUMBER.match(after)  # its end is the layout's first character: the layout is not drafted
-        candidates.append(gap + (number.group() if number else '"' + closed(ctx, scan.copy().feed(gap + '"'),
-                                                                             after, n_chars)))
-    if scan.last_number:
-        candidates.append(gap + ctx.document.number_after(scan.last_number))
-    least = len(ctx.tokens.encode(gap)) if gap else 0
-    for text in candidates:
-        tokens = ctx.tokens.encode(text)[:budget]
-        if ctx.matcher.validate(tokens) > least:
-            return consume_valid_prefix(ctx.matcher, tokens)
-    return []
+        step = taken(number.group() if number else '"' + closed(ctx, scan.copy().feed(gap + '"'), after, n_chars))
+        if step:
+            return step
+    return taken(ctx.document.number_after(scan.last_number)) if scan.last_number else []
 
 
 def joined(ctx: DraftContext, draft: list[int], stretch: list[int], share: float | None) -> list[int]:

@@ -30,8 +30,8 @@ import sys
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 
-from structspec.engine.proposers.base import (NUMBER_HOLE, STRING_HOLE, DraftContext, consume_valid_prefix, layout,
-                                              longest_suffix_match, note_confidence)
+from structspec.engine.proposers.base import (DraftContext, consume_valid_prefix, layout, longest_suffix_match,
+                                              note_confidence, split_at_hole)
 
 SEP = "\x00"  # between outputs; at a tail's start: "the output begins here"
 MAX_MATCH = 32  # tail items (tokens, layout characters) matched at most
@@ -217,10 +217,7 @@ class History:
         found = self.layout.follow(tail, n_chars, start=start)
         if found is None:
             return "", None, 0.0, 0
-        holes = [i for i in (found.items.find(STRING_HOLE), found.items.find(NUMBER_HOLE)) if i >= 0]
-        if not holes:
-            return found.items, None, found.share, found.matched
-        return found.items[:min(holes)], found.items[min(holes)], found.share, found.matched
+        return *split_at_hole(found.items), found.share, found.matched
 
 
 class SuffixStore:
